@@ -1,0 +1,82 @@
+// floe::estimator<Selector, Residual>: the compile-time composition of a selector and a
+// residual estimator. o ~= (exact partial over E) merged with (residual estimate over R).
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "floe/core/concepts.hpp"
+
+namespace floe {
+
+template <class S, class R>
+class estimator {
+  static_assert(Selector<S>,
+                "floe::estimator<S, R>: S does not satisfy floe::Selector. A selector needs: "
+                "static name; a type `index` with bytes(); a type `selection` derived from floe::selection; "
+                "index build(const KV&) const; void select(const index&, const KV&, const query_group&, "
+                "const Exec&, selection&, stats&) const.");
+  static_assert(ResidualFor<R, S>,
+                "floe::estimator<S, R>: R does not satisfy floe::ResidualFor<R, S>. A residual needs: "
+                "static name; a type `index` with bytes(); index build(const KV&, const S&, const S::index&) const; "
+                "void estimate(const index&, const KV&, const query_group&, const S::selection&, const Exec&, "
+                "partial_set<Acc>&, stats&) const.");
+
+ public:
+  using selector_type = S;
+  using residual_type = R;
+
+  // Per (layer, KV head) state built once after prefill.
+  struct state {
+    typename S::index selector_index;
+    typename R::index residual_index;
+    std::uint64_t bytes() const { return selector_index.bytes() + residual_index.bytes(); }
+  };
+
+  estimator() = default;
+  estimator(S s, R r) : selector_(std::move(s)), residual_(std::move(r)) {}
+
+  const S& selector() const { return selector_; }
+  const R& residual() const { return residual_; }
+  static std::string name() { return std::string(S::name) + "+" + std::string(R::name); }
+
+  template <KvView KV>
+  state build(const KV& kv) const {
+    state st{selector_.build(kv), {}};
+    st.residual_index = residual_.build(kv, selector_, st.selector_index);
+    return st;
+  }
+
+  // One decode step for one GQA group: g query heads against one KV head. Every argument
+  // is checked before the output is written; reads are added to `io`.
+  template <KvView KV, Executor E, class Out>
+  void decode(const state& st, const KV& kv, const query_group& q, const E& exec, const output_group<Out>& out,
+              stats& io) const {
+    validate_query(q, kv.d());
+    validate_output(out, q.heads, kv.dv());
+    typename S::selection sel;
+    stats call;
+    selector_.select(st.selector_index, kv, q, exec, sel, call);
+    validate_ranges(sel.ranges, kv.n());
+
+    using T = typename KV::element_type;
+    const index_t exact = sel.count();
+    partial_set<typename E::accumulator> parts(q.heads, kv.dv());
+    exec.attend(kv, q, sel.ranges, parts);
+    call.tokens_total += kv.n();
+    call.tokens_read += exact;
+    if (!sel.keys_counted) call.key_bytes += exact * kv.d() * sizeof(T);
+    call.value_bytes += exact * kv.dv() * sizeof(T);
+    call.index_bytes += st.bytes();
+
+    residual_.estimate(st.residual_index, kv, q, sel, exec, parts, call);
+    parts.finalize(out);
+    io += call;
+  }
+
+ private:
+  S selector_{};
+  R residual_{};
+};
+
+}  // namespace floe

@@ -1,0 +1,20 @@
+// Umbrella header: the core, the scalar reference and every shipped policy.
+#pragma once
+
+#include "floe/core/budget.hpp"
+#include "floe/core/concepts.hpp"
+#include "floe/core/config.hpp"
+#include "floe/core/error.hpp"
+#include "floe/core/kv_view.hpp"
+#include "floe/core/numeric_types.hpp"
+#include "floe/core/query.hpp"
+#include "floe/core/selection.hpp"
+#include "floe/core/softmax_partial.hpp"
+#include "floe/core/stats.hpp"
+#include "floe/estimator.hpp"
+#include "floe/exec/scalar.hpp"
+#include "floe/residual/none.hpp"
+#include "floe/select/dense.hpp"
+#include "floe/select/streaming.hpp"
+#include "floe/core/batch.hpp"
+#include "floe/exec/parallel.hpp"
