@@ -1,0 +1,22 @@
+// What the conformance suite runs: every estimator configuration at a full budget and
+// every executor. Adding a policy or executor to floe means adding one line here.
+#pragma once
+
+#include <tuple>
+
+#include "floe/floe.hpp"
+
+namespace floe::conformance {
+
+// Factories: n -> an estimator whose budget covers all n tokens.
+inline auto full_budget_estimators() {
+  return std::tuple{
+      [](index_t) { return estimator<select::dense, residual::none>{}; },
+      [](index_t n) { return estimator<select::streaming, residual::none>({4, n}, {}); },
+      [](index_t n) { return estimator<select::streaming, residual::none>({n, 0}, {}); },
+  };
+}
+
+inline auto executors() { return std::tuple{exec::scalar{}}; }
+
+}  // namespace floe::conformance

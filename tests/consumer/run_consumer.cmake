@@ -1,0 +1,20 @@
+# ctest driver: install floe from the build tree into a fresh prefix, then configure,
+# build and run tests/consumer against that prefix alone.
+file(REMOVE_RECURSE ${WORK})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${FLOE_BUILD} --prefix ${WORK}/prefix RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "install failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE} -B ${WORK}/build -DCMAKE_PREFIX_PATH=${WORK}/prefix
+                        -DCMAKE_CXX_COMPILER=${CXX} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "configuring the consumer against the install prefix failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/build RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "building the consumer failed: ${rc}")
+endif()
+execute_process(COMMAND ${WORK}/build/floe_consumer RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "the consumer program failed: ${rc}")
+endif()
