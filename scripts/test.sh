@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: release build + tests, then the AddressSanitizer/UBSan debug
+# build + tests. Installs what is missing first. Usage: bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+jobs=$(nproc)
+for preset in release debug-asan; do
+  echo "== floe: $preset: configure, build, test" >&2
+  cmake --preset "$preset" >/dev/null
+  cmake --build --preset "$preset" -j "$jobs"
+  ctest --preset "$preset" -j "$jobs"
+done
