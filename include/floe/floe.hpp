@@ -6,6 +6,7 @@
 #include "floe/core/config.hpp"
 #include "floe/core/error.hpp"
 #include "floe/core/kv_view.hpp"
+#include "floe/core/no_index.hpp"
 #include "floe/core/numeric_types.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "floe/core/kv_view.hpp"
+#include "floe/core/no_index.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/softmax_partial.hpp"
 #include "floe/core/stats.hpp"
@@ -13,9 +14,7 @@ namespace floe::residual {
 
 struct none {
   static constexpr std::string_view name = "none";
-  struct index {
-    std::uint64_t bytes() const { return 0; }
-  };
+  using index = no_index;
 
   template <KvView KV, class Selector>
   index build(const KV&, const Selector&, const typename Selector::index&) const { return {}; }

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "floe/core/kv_view.hpp"
+#include "floe/core/no_index.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
 #include "floe/core/stats.hpp"
@@ -13,9 +14,7 @@ namespace floe::select {
 
 struct dense {
   static constexpr std::string_view name = "dense";
-  struct index {
-    std::uint64_t bytes() const { return 0; }
-  };
+  using index = no_index;
   using selection = floe::selection;
 
   template <KvView KV>

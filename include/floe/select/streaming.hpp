@@ -7,6 +7,7 @@
 
 #include "floe/core/budget.hpp"
 #include "floe/core/kv_view.hpp"
+#include "floe/core/no_index.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
 #include "floe/core/stats.hpp"
@@ -23,9 +24,7 @@ struct streaming {
     return {std::min(sink, k), k - std::min(sink, k)};
   }
 
-  struct index {
-    std::uint64_t bytes() const { return 0; }
-  };
+  using index = no_index;
   using selection = floe::selection;
 
   template <KvView KV>
