@@ -1,0 +1,99 @@
+// Attention for the forward pass: dense causal attention on Eigen for prefill, and
+// decode-step attention through floe, one floe::kv_view and one GQA query_group per
+// (layer, KV head).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "floe/core/kv_view.hpp"
+#include "floe/core/query.hpp"
+#include "floe/core/stats.hpp"
+#include "model.hpp"
+
+namespace smollm {
+
+// Causal softmax attention of rows q (positions pos0 ..) against cache positions
+// [0, pos0 + rows), in blocks of query rows so that an 8K prefill fits in memory.
+inline void prefill_attention(const llama_config& c, int layer, const matrix& q, const kv_cache& cache, int pos0,
+                              matrix& out) {
+  const int hd = c.head_dim, block = 256;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const auto T = q.rows();
+  using strided = Eigen::Map<const matrix, 0, Eigen::OuterStride<>>;
+  for (int h = 0; h < c.n_head; ++h) {
+    const int g = h / c.group();
+    for (Eigen::Index b0 = 0; b0 < T; b0 += block) {
+      const Eigen::Index rows = std::min<Eigen::Index>(block, T - b0);
+      const Eigen::Index keys = pos0 + b0 + rows;  // causal: the last row sees this many
+      strided qh(q.data() + b0 * q.cols() + h * hd, rows, hd, Eigen::OuterStride<>(q.cols()));
+      Eigen::Map<const matrix> k(cache.key(layer, g), keys, hd), v(cache.value(layer, g), keys, hd);
+      matrix s = (qh * k.transpose()) * scale;
+      for (Eigen::Index r = 0; r < rows; ++r) {
+        const Eigen::Index visible = pos0 + b0 + r + 1;
+        auto row = s.row(r).head(visible);
+        const float m = row.maxCoeff();
+        row = (row.array() - m).exp();
+        row /= row.sum();
+        s.row(r).tail(keys - visible).setZero();
+      }
+      out.block(b0, h * hd, rows, hd).noalias() = s * v;
+    }
+  }
+}
+
+// One decode method for every (layer, KV head): a floe estimator and its per-head state.
+class decode_attention {
+ public:
+  virtual ~decode_attention() = default;
+  virtual std::string name() const = 0;
+  // Called once after prefill, with the cache as it then is.
+  virtual void build(const llama_config& c, const kv_cache& cache) = 0;
+  // Attention of the single query row q (position pos, whose keys are in the cache) into out.
+  virtual void decode(const llama_config& c, int layer, const matrix& q, const kv_cache& cache, int pos, matrix& out,
+                      floe::stats& io) = 0;
+};
+
+// Adapts floe::estimator<S, R> (or anything with its build/decode) running on executor E.
+template <class Estimator, class Exec>
+class estimator_attention final : public decode_attention {
+ public:
+  explicit estimator_attention(Estimator est, std::string label = Estimator::name())
+      : est_(std::move(est)), label_(std::move(label)) {}
+
+  std::string name() const override { return label_; }
+
+  void build(const llama_config& c, const kv_cache& cache) override {
+    states_.clear();
+    for (int l = 0; l < c.n_layer; ++l)
+      for (int g = 0; g < c.n_head_kv; ++g) states_.push_back(est_.build(view(cache, l, g, cache.n)));
+  }
+
+  void decode(const llama_config& c, int layer, const matrix& q, const kv_cache& cache, int pos, matrix& out,
+              floe::stats& io) override {
+    const auto hd = static_cast<floe::index_t>(c.head_dim), group = static_cast<floe::index_t>(c.group());
+    for (int g = 0; g < c.n_head_kv; ++g) {
+      const auto qg = floe::query_group::make(q.row(0).data() + g * group * hd, group, hd);
+      const floe::output_group<float> og{out.row(0).data() + g * group * hd, group, hd, 0};
+      const auto& st = states_[static_cast<std::size_t>(layer * c.n_head_kv + g)];
+      est_.decode(st, view(cache, layer, g, pos + 1), qg, exec_, og, io);
+    }
+  }
+
+ private:
+  static floe::kv_view<float> view(const kv_cache& cache, int layer, int g, int n) {
+    return {cache.key(layer, g), cache.value(layer, g), static_cast<floe::index_t>(n),
+            static_cast<floe::index_t>(cache.head_dim), static_cast<floe::index_t>(cache.head_dim)};
+  }
+
+  Estimator est_;
+  std::string label_;
+  Exec exec_{};
+  std::vector<typename Estimator::state> states_;
+};
+
+}  // namespace smollm

@@ -1,0 +1,313 @@
+// floe-smollm: SmolLM2-135M (GGUF) end to end, with decode attention through floe.
+// See docs/real-model.md for how to fetch the model and texts and reproduce the numbers.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gguf.hpp"
+#include "methods.hpp"
+#include "model.hpp"
+#include "npy_writer.hpp"
+#include "run.hpp"
+#include "tokenizer.hpp"
+
+namespace {
+
+using namespace smollm;
+
+const char* usage =
+    "usage: floe-smollm --model FILE.gguf MODE [options]\n"
+    "modes:\n"
+    "  --generate PROMPT     greedy generation [--max-new N=48] [--chat]\n"
+    "  --perplexity FILE     prefill --ctx N tokens, teacher-force the next --eval M through decode steps,\n"
+    "                        for dense and each method of --attn LIST [--budget F=0.1 of ctx]\n"
+    "  --dump-kv DIR         --text FILE --ctx N --layers L1,L2,.. [--queries Q=32]: KV dump per layer\n"
+    "  --logits FILE.npy     --text FILE --tokens T [--decode]: logits [T, vocab] (and FILE.tokens.npy)\n"
+    "  --tokenize FILE       [--out IDS.npy] [--chars C]: token ids of the first C characters\n"
+    "options: --attn NAME[,NAME..] (dense, streaming; default dense)  --threads N\n";
+
+struct options {
+  std::map<std::string, std::string> values;
+  bool has(const std::string& k) const { return values.count(k) != 0; }
+  std::string get(const std::string& k, const std::string& fallback = "") const {
+    auto it = values.find(k);
+    return it == values.end() ? fallback : it->second;
+  }
+  std::string need(const std::string& k) const {
+    floe::require(has(k), k.c_str(), "is required in this mode");
+    return values.at(k);
+  }
+  long integer(const std::string& k, long fallback) const {
+    if (!has(k)) return fallback;
+    std::size_t used = 0;
+    long v = 0;
+    try { v = std::stol(values.at(k), &used); } catch (const std::exception&) { used = 0; }
+    floe::require(used == values.at(k).size() && used > 0, k.c_str(), "'", values.at(k), "' is not an integer");
+    return v;
+  }
+};
+
+options parse(int argc, char** argv) {
+  static const char* flags[] = {"--chat", "--decode"};
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    floe::require(k.rfind("--", 0) == 0, "arguments", "unexpected '", k, "'\n", usage);
+    bool flag = false;
+    for (const char* f : flags) flag = flag || k == f;
+    if (flag || k == "--help") {
+      o.values[k] = "1";
+    } else {
+      floe::require(i + 1 < argc, k.c_str(), "needs a value");
+      o.values[k] = argv[++i];
+    }
+  }
+  return o;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  floe::require(in.good(), "text", "cannot open '", path, "'");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, sep);)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int run_generate(const llama_model& model, const bpe_tokenizer& tok, const options& o) {
+  std::string prompt = o.need("--generate");
+  if (o.has("--chat")) prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
+  const std::vector<int> ids = tok.encode(prompt);
+  const int max_new = static_cast<int>(o.integer("--max-new", 48));
+  auto method = make_attention(split(o.get("--attn", "dense"), ',').at(0), std::stod(o.get("--budget", "0.1")),
+                               static_cast<int>(ids.size()));
+  kv_cache cache(model.config(), static_cast<int>(ids.size()) + max_new);
+  matrix logits = prefill(model, ids, cache);
+  method->build(model.config(), cache);
+  std::cout << o.get("--generate") << std::flush;
+  floe::stats io;
+  const auto t0 = std::chrono::steady_clock::now();
+  int produced = 0;
+  for (; produced < max_new; ++produced) {
+    const int next = argmax(logits);
+    const std::string piece = tok.decode(next);
+    if (next == 2 || piece == "<|im_end|>" || piece == "<|endoftext|>") break;
+    std::cout << piece << std::flush;
+    if (produced + 1 < max_new) logits = decode_step(model, next, cache, *method, io);
+  }
+  const double s = seconds_since(t0);
+  std::cout << "\n";
+  std::fprintf(stderr, "%d tokens in %.2f s: %.1f tokens/s (attention: %s)\n", produced, s, produced / s,
+               method->name().c_str());
+  return 0;
+}
+
+int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const options& o) {
+  const std::string path = o.need("--perplexity");
+  const std::vector<int> ids = tok.encode(read_text(path));
+  const int ctx = static_cast<int>(o.integer("--ctx", 2048)), eval = static_cast<int>(o.integer("--eval", 256));
+  floe::require(ctx > 0 && eval > 0, "ctx", "--ctx and --eval must be positive");
+  floe::require(static_cast<std::size_t>(ctx + eval + 1) <= ids.size(), "eval", "the text has ", ids.size(),
+                " tokens, ", ctx + eval + 1, " needed");
+  floe::require(ctx + eval <= model.config().n_ctx_train, "ctx", "ctx + eval = ", ctx + eval,
+                " exceeds the model's context of ", model.config().n_ctx_train);
+  const double budget = std::stod(o.get("--budget", "0.1"));
+  std::vector<std::string> names{"dense"};
+  for (const auto& n : split(o.get("--attn", "dense"), ','))
+    if (n != "dense") names.push_back(n);
+
+  kv_cache cache(model.config(), ctx + eval);
+  const auto t0 = std::chrono::steady_clock::now();
+  prefill(model, std::span<const int>(ids.data(), static_cast<std::size_t>(ctx)), cache);
+  const double prefill_s = seconds_since(t0);
+  const kv_cache after_prefill = cache;
+
+  std::printf("perplexity of %s: %zu tokens; prefill %d tokens in %.1f s (%.0f tokens/s); %d teacher-forced "
+              "decode steps\n",
+              std::filesystem::path(path).filename().c_str(), ids.size(), ctx, prefill_s, ctx / prefill_s, eval);
+  std::printf("%-34s %11s %9s %11s %12s %10s\n", "method", "perplexity", "nll", "keys read", "bytes read",
+              "tokens/s");
+  for (const auto& name : names) {
+    auto method = make_attention(name, budget, ctx);
+    cache = after_prefill;
+    method->build(model.config(), cache);
+    floe::stats io;
+    double nll = 0;
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int t = 0; t < eval; ++t) {
+      const matrix logits = decode_step(model, ids[static_cast<std::size_t>(ctx + t)], cache, *method, io);
+      nll += negative_log_likelihood(logits, ids[static_cast<std::size_t>(ctx + t + 1)]);
+      std::fprintf(stderr, "\r%s: decode %d/%d", name.c_str(), t + 1, eval);
+    }
+    std::fprintf(stderr, "\n");
+    const double s = seconds_since(t1);
+    const double dense_bytes = static_cast<double>(io.tokens_total) * model.config().head_dim * 2 * sizeof(float);
+    std::printf("%-34s %11.3f %9.4f %10.2f%% %11.2f%% %10.2f\n", method->name().c_str(), std::exp(nll / eval),
+                nll / eval, 100.0 * static_cast<double>(io.tokens_read) / static_cast<double>(io.tokens_total),
+                100.0 * static_cast<double>(io.bytes_read()) / dense_bytes, eval / s);
+  }
+  return 0;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out + "\"";
+}
+
+int run_dump(const llama_model& model, const bpe_tokenizer& tok, const options& o) {
+  const llama_config& c = model.config();
+  const std::string dir = o.need("--dump-kv"), text = o.need("--text");
+  const std::vector<int> ids = tok.encode(read_text(text));
+  const int ctx = static_cast<int>(o.integer("--ctx", 2048)), nq = static_cast<int>(o.integer("--queries", 32));
+  floe::require(ctx > 0 && nq > 0, "ctx", "--ctx and --queries must be positive");
+  floe::require(static_cast<std::size_t>(ctx + nq) <= ids.size(), "ctx", "the text has ", ids.size(), " tokens, ",
+                ctx + nq, " needed");
+  floe::require(ctx + nq <= c.n_ctx_train, "ctx", "ctx + queries = ", ctx + nq,
+                " exceeds the model's trained context of ", c.n_ctx_train);
+  std::vector<int> layers;
+  for (const auto& s : split(o.need("--layers"), ',')) {
+    const int l = std::stoi(s);
+    floe::require(l >= 0 && l < c.n_layer, "layers", "layer ", l, " is outside [0, ", c.n_layer, ")");
+    layers.push_back(l);
+  }
+
+  kv_cache cache(c, ctx + nq);
+  prefill(model, std::span<const int>(ids.data(), static_cast<std::size_t>(ctx)), cache);
+  const std::size_t hd = static_cast<std::size_t>(c.head_dim), n = static_cast<std::size_t>(ctx);
+  // queries[layer] is [Hq, Q, d]; keys and values are copied before decode appends to the cache.
+  std::map<int, std::vector<float>> queries;
+  for (int l : layers) {
+    const auto out = std::filesystem::path(dir) / ("layer_" + std::string(l < 10 ? "0" : "") + std::to_string(l));
+    std::filesystem::create_directories(out);
+    std::vector<float> k, v;
+    for (int g = 0; g < c.n_head_kv; ++g) {
+      k.insert(k.end(), cache.key(l, g), cache.key(l, g) + n * hd);
+      v.insert(v.end(), cache.value(l, g), cache.value(l, g) + n * hd);
+    }
+    const std::vector<std::size_t> shape{static_cast<std::size_t>(c.n_head_kv), n, hd};
+    write_npy(out / "keys.npy", k.data(), shape);
+    write_npy(out / "values.npy", v.data(), shape);
+    queries[l].assign(static_cast<std::size_t>(c.n_head) * nq * hd, 0.f);
+  }
+
+  auto dense = make_attention("dense", 1.0, ctx);
+  dense->build(c, cache);
+  floe::stats io;
+  for (int t = 0; t < nq; ++t) {
+    decode_step(model, ids[n + static_cast<std::size_t>(t)], cache, *dense, io, [&](int l, const matrix& q) {
+      auto it = queries.find(l);
+      if (it == queries.end()) return;
+      for (int h = 0; h < c.n_head; ++h)
+        std::copy_n(q.row(0).data() + h * hd, hd, it->second.data() + (static_cast<std::size_t>(h) * nq + t) * hd);
+    });
+    std::fprintf(stderr, "\rqueries %d/%d", t + 1, nq);
+  }
+  std::fprintf(stderr, "\n");
+  for (int l : layers) {
+    const auto out = std::filesystem::path(dir) / ("layer_" + std::string(l < 10 ? "0" : "") + std::to_string(l));
+    write_npy(out / "queries.npy", queries[l].data(),
+              {static_cast<std::size_t>(c.n_head), static_cast<std::size_t>(nq), hd});
+    std::ofstream meta(out / "meta.json");
+    meta << "{\n  \"model\": " << json_string(c.name + " (SmolLM2-135M-Instruct Q4_1 GGUF)") << ",\n"
+         << "  \"layer\": " << l << ",\n  \"n_layers\": " << c.n_layer << ",\n"
+         << "  \"dtype\": \"float32\",\n  \"hq\": " << c.n_head << ",\n  \"hkv\": " << c.n_head_kv
+         << ",\n  \"d\": " << hd << ",\n  \"dv\": " << hd << ",\n"
+         << "  \"ctx\": " << ctx << ",\n  \"queries\": " << nq << ",\n  \"query_positions\": [" << ctx << ", "
+         << ctx + nq - 1 << "],\n"
+         << "  \"scale\": " << 1.0 / std::sqrt(static_cast<double>(hd)) << ",\n"
+         << "  \"rope\": {\"theta\": " << c.rope_base
+         << ", \"layout\": \"adjacent pairs (2i, 2i+1), ggml NORM\", \"applied\": true},\n"
+         << "  \"text_source\": " << json_string(std::filesystem::path(text).filename().string()) << ",\n"
+         << "  \"producer\": \"examples/smollm floe-smollm --dump-kv\"\n}\n";
+  }
+  std::printf("wrote %zu layers of %d tokens and %d queries to %s\n", layers.size(), ctx, nq, dir.c_str());
+  return 0;
+}
+
+int run_logits(const llama_model& model, const bpe_tokenizer& tok, const options& o) {
+  const std::string out = o.need("--logits");
+  std::vector<int> ids = tok.encode(read_text(o.need("--text")));
+  const auto T = static_cast<std::size_t>(o.integer("--tokens", 64));
+  floe::require(T > 0 && T <= ids.size(), "tokens", T, " tokens asked, the text has ", ids.size());
+  ids.resize(T);
+  kv_cache cache(model.config(), static_cast<int>(T));
+  matrix logits;
+  if (o.has("--decode")) {  // token 0 by prefill, every later one by a decode step through floe
+    logits = prefill(model, std::span<const int>(ids.data(), 1), cache);
+    auto dense = make_attention("dense", 1.0, 1);
+    dense->build(model.config(), cache);
+    floe::stats io;
+    logits.conservativeResize(static_cast<Eigen::Index>(T), logits.cols());
+    for (std::size_t t = 1; t < T; ++t)
+      logits.row(static_cast<Eigen::Index>(t)) = decode_step(model, ids[t], cache, *dense, io);
+  } else {
+    logits = prefill(model, ids, cache, /*all_logits=*/true);
+  }
+  write_npy(out, logits.data(), {T, static_cast<std::size_t>(logits.cols())});
+  std::vector<std::int32_t> ids32(ids.begin(), ids.end());
+  write_npy(out + ".tokens.npy", ids32.data(), {T});
+  std::printf("wrote logits [%zu, %ld] to %s\n", T, static_cast<long>(logits.cols()), out.c_str());
+  return 0;
+}
+
+int run_tokenize(const bpe_tokenizer& tok, const options& o) {
+  std::string text = read_text(o.need("--tokenize"));
+  if (o.has("--chars")) text.resize(std::min(text.size(), static_cast<std::size_t>(o.integer("--chars", 0))));
+  const std::vector<int> ids = tok.encode(text);
+  if (o.has("--out")) {
+    std::vector<std::int32_t> ids32(ids.begin(), ids.end());
+    write_npy(o.get("--out"), ids32.data(), {ids32.size()});
+  }
+  std::printf("%zu characters, %zu tokens; round trip %s\n", text.size(), ids.size(),
+              tok.decode(ids) == text ? "exact" : "DIFFERS");
+  return tok.decode(ids) == text ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const options o = parse(argc, argv);
+    if (o.has("--help") || argc == 1) {
+      std::cout << usage;
+      return 0;
+    }
+    if (o.has("--threads")) Eigen::setNbThreads(static_cast<int>(o.integer("--threads", 1)));
+    const gguf_file file = gguf_file::open(o.need("--model"));
+    const bpe_tokenizer tok = bpe_tokenizer::from_gguf(file);
+    if (o.has("--tokenize")) return run_tokenize(tok, o);
+    const auto t0 = std::chrono::steady_clock::now();
+    const llama_model model(file);
+    const auto& c = model.config();
+    std::fprintf(stderr, "%s: %d layers, width %d, %d query / %d KV heads of %d, RoPE theta %g, loaded in %.1f s\n",
+                 c.name.c_str(), c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.rope_base,
+                 seconds_since(t0));
+    if (o.has("--generate")) return run_generate(model, tok, o);
+    if (o.has("--perplexity")) return run_perplexity(model, tok, o);
+    if (o.has("--dump-kv")) return run_dump(model, tok, o);
+    if (o.has("--logits")) return run_logits(model, tok, o);
+    std::cerr << usage;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "floe-smollm: " << e.what() << "\n";
+    return 1;
+  }
+}
