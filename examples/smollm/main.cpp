@@ -151,7 +151,7 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
     for (int t = 0; t < eval; ++t) {
       const matrix logits = decode_step(model, ids[static_cast<std::size_t>(ctx + t)], cache, *method, io);
       nll += negative_log_likelihood(logits, ids[static_cast<std::size_t>(ctx + t + 1)]);
-      std::fprintf(stderr, "\r%s: decode %d/%d", name.c_str(), t + 1, eval);
+      if ((t + 1) % 32 == 0 || t + 1 == eval) std::fprintf(stderr, "\r%s: decode %d/%d", name.c_str(), t + 1, eval);
     }
     std::fprintf(stderr, "\n");
     const double s = seconds_since(t1);
@@ -218,7 +218,7 @@ int run_dump(const llama_model& model, const bpe_tokenizer& tok, const options& 
       for (int h = 0; h < c.n_head; ++h)
         std::copy_n(q.row(0).data() + h * hd, hd, it->second.data() + (static_cast<std::size_t>(h) * nq + t) * hd);
     });
-    std::fprintf(stderr, "\rqueries %d/%d", t + 1, nq);
+    if ((t + 1) % 8 == 0 || t + 1 == nq) std::fprintf(stderr, "\rqueries %d/%d", t + 1, nq);
   }
   std::fprintf(stderr, "\n");
   for (int l : layers) {

@@ -9,3 +9,18 @@ SMOLLM_BIN=$SMOLLM_BUILD/examples/smollm/floe-smollm
 # The pyenv python3 if there is one (pip installs land there), else Debian's.
 SMOLLM_PYTHON=${PYTHON:-$(command -v python3 || echo /usr/bin/python3)}
 mkdir -p "$SMOLLM_CACHE"
+
+# Builds floe-smollm (Release) in its own build folder when it is missing or stale.
+smollm_build() {
+  if [[ ! -d $SMOLLM_BUILD ]]; then
+    cmake -S "$SMOLLM_REPO" -B "$SMOLLM_BUILD" -DCMAKE_BUILD_TYPE=Release >&2
+  fi
+  cmake --build "$SMOLLM_BUILD" --target floe-smollm -j"${JOBS:-2}" >&2
+}
+
+# pip-installs the given modules for $SMOLLM_PYTHON unless they import already.
+smollm_pip() {
+  local missing=()
+  for m in "$@"; do "$SMOLLM_PYTHON" -c "import ${m%%=*}" 2>/dev/null || missing+=("$m"); done
+  if ((${#missing[@]})); then "$SMOLLM_PYTHON" -m pip install --quiet "${missing[@]}" >&2; fi
+}
