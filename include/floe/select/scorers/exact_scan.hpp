@@ -1,0 +1,51 @@
+// Scorer `exact_scan` for topk_anchors: scores every key of the middle region exactly and
+// keeps the top k. Reads every middle key, so it is the accuracy ceiling of Top-K, not a
+// way to save reads. docs/methods/retrieval-completion.md.
+#pragma once
+
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
+#include "floe/core/budget.hpp"
+#include "floe/core/kv_view.hpp"
+#include "floe/core/query.hpp"
+#include "floe/core/selection.hpp"
+#include "floe/core/stats.hpp"
+#include "floe/select/scorers/middle_ranking.hpp"
+
+namespace floe::select {
+
+struct exact_scan {
+  static constexpr std::string_view name = "exact_scan";
+
+  // Nothing is built; every token is always covered.
+  struct index {
+    std::uint64_t bytes() const { return 0; }
+    index_t tokens() const { return std::numeric_limits<index_t>::max(); }
+    template <KvView KV>
+    void append(const KV&) {}
+  };
+
+  template <KvView KV>
+  index build(const KV&) const { return {}; }
+
+  // Adds the chosen tokens of `middle` to `out` in increasing order: the k of largest
+  // shared score (k from the budget when it is a mass budget). Returns true: the keys
+  // of every chosen token were read, and counted, while choosing.
+  template <KvView KV, class Exec>
+  bool choose(const index&, const KV& kv, const query_group& q, const Exec& exec, token_range middle, index_t k,
+              const budget& b, selection& out, stats& io) const {
+    const index_t n = middle.size();
+    std::vector<float> z(q.heads * n);
+    for (index_t h = 0; h < q.heads; ++h) exec.score(kv, q, h, middle, z.data() + h * n);
+    io.key_bytes += static_cast<std::uint64_t>(n) * kv.d() * sizeof(typename KV::element_type);
+    if (b.kind == budget::unit::mass) k = ranking::top_p_count(z.data(), q.heads, n, n, b);
+    std::vector<float> shared(n);
+    ranking::shared_scores(z.data(), q.heads, n, n, ranking::head_maxima(z.data(), q.heads, n, n), shared.data());
+    for (index_t i : ranking::top_k(shared.data(), n, k)) out.add(middle.begin + i, middle.begin + i + 1);
+    return true;
+  }
+};
+
+}  // namespace floe::select

@@ -1,0 +1,320 @@
+// topk_anchors with each scorer: full budget equals dense, the chosen set is the top k
+// it claims to be, bounds hold, budgets resolve as documented, bad input is refused.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "floe/residual/feature_map.hpp"
+#include "floe/select/scorers/exact_scan.hpp"
+#include "floe/select/scorers/page_bounds.hpp"
+#include "floe/select/scorers/quantized_scan.hpp"
+#include "floe/select/topk_anchors.hpp"
+#include "support/random_kv.hpp"
+#include "topk/topk_support.hpp"
+
+namespace {
+using floe::index_t;
+using floe::select::exact_scan;
+using floe::select::page_bounds;
+using floe::select::quantized_scan;
+using floe::select::topk_anchors;
+using floe::testing::dense_output;
+using floe::testing::worst_head_error;
+
+static_assert(floe::Selector<topk_anchors<exact_scan>>);
+static_assert(floe::Selector<topk_anchors<quantized_scan>>);
+static_assert(floe::Selector<topk_anchors<page_bounds>>);
+static_assert(floe::ResidualFor<floe::residual::feature_map<>, topk_anchors<quantized_scan>>);
+
+template <class Scorer, class Residual, floe::KvView KV>
+void check_full_budget(const KV& kv, std::mt19937_64& g, index_t heads) {
+  const auto qd = floe::testing::random_floats(g, heads * kv.d(), 1.5f);
+  const auto q = floe::query_group::make(qd.data(), heads, kv.d());
+  floe::estimator<topk_anchors<Scorer>, Residual> est({3, 17, floe::budget::fraction(1.0), {}}, {});
+  INFO("estimator " << est.name() << " n " << kv.n());
+  floe::stats s;
+  const auto got = floe::testing::decode_output(est, est.build(kv), kv, q, s);
+  REQUIRE(worst_head_error(got, dense_output(kv, q), heads, kv.dv()) <= 1e-12);
+  REQUIRE(s.tokens_read == kv.n());
+  REQUIRE(s.value_bytes == kv.n() * kv.dv() * sizeof(typename KV::element_type));
+  REQUIRE(s.key_bytes == kv.n() * kv.d() * sizeof(typename KV::element_type));
+}
+
+template <class T>
+void full_budget_all(std::uint64_t salt) {
+  INFO("seed " << floe::testing::seed() << " type " << floe::element_name<T>());
+  auto g = floe::testing::rng(salt);
+  for (auto [n, block] : {std::pair<index_t, index_t>{21, 0}, {700, 0}, {900, 16}}) {
+    floe::testing::random_kv<T> data(g, n, 40, 24, 3, block);
+    auto run = [&](const auto& kv) {
+      check_full_budget<exact_scan, floe::residual::none>(kv, g, 3);
+      check_full_budget<quantized_scan, floe::residual::none>(kv, g, 3);
+      check_full_budget<page_bounds, floe::residual::none>(kv, g, 3);
+      check_full_budget<exact_scan, floe::residual::feature_map<>>(kv, g, 3);
+      check_full_budget<quantized_scan, floe::residual::feature_map<>>(kv, g, 1);
+      check_full_budget<page_bounds, floe::residual::feature_map<>>(kv, g, 4);
+    };
+    if (data.paged()) run(data.paged_view());
+    else run(data.view());
+  }
+}
+}  // namespace
+
+TEST_CASE("topk_anchors with a full budget equals dense attention", "[topk]") {
+  full_budget_all<float>(1);
+  full_budget_all<floe::half>(2);
+  full_budget_all<floe::bfloat16>(3);
+}
+
+TEST_CASE("exact_scan keeps sink, tail and the top k of the middle", "[topk]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(10);
+  const index_t n = 2000, d = 32, k = 37;
+  floe::testing::random_kv<float> data(g, n, d, 16);
+  const auto kv = data.view();
+  const auto qd = floe::testing::random_floats(g, d, 2.f);
+  const auto q = floe::query_group::make(qd.data(), 1, d);
+  const topk_anchors<exact_scan> sel{4, 50, floe::budget::tokens(k), {}};
+  topk_anchors<exact_scan>::selection out;
+  floe::stats s;
+  sel.select(sel.build(kv), kv, q, floe::exec::scalar{}, out, s);
+  REQUIRE(out.middle == floe::token_range{4, n - 50});
+  REQUIRE(out.count() == 4 + 50 + k);
+  REQUIRE(out.keys_counted);
+  REQUIRE(s.key_bytes == n * d * sizeof(float));
+
+  std::vector<float> z(n);
+  floe::exec::scalar{}.score(kv, q, 0, {0, n}, z.data());
+  std::vector<index_t> middle(n - 54);
+  std::iota(middle.begin(), middle.end(), index_t{4});
+  std::sort(middle.begin(), middle.end(), [&](index_t a, index_t b) { return z[a] > z[b]; });
+  std::set<index_t> want(middle.begin(), middle.begin() + k);
+  std::set<index_t> got;
+  for (const auto& r : out.retrieved)
+    for (index_t i = r.begin; i < r.end; ++i) got.insert(i);
+  REQUIRE(got == want);
+}
+
+TEST_CASE("4-bit score bounds hold for every token and element type", "[topk][quantized]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(11);
+  auto check = [&](const auto& data, float key_offset) {
+    const auto kv = data.view();
+    const auto idx = floe::quantized_keys::build(kv);
+    const auto qd = floe::testing::random_floats(g, 3 * kv.d(), 3.f);
+    const auto q = floe::query_group::make(qd.data(), 3, kv.d());
+    const index_t n = kv.n();
+    std::vector<float> center(3 * n), radius(3 * n), z(n);
+    idx.scan(idx.prepare(q), 0, n, center.data(), radius.data(), n);
+    double worst = 0, slack = 0;
+    for (index_t h = 0; h < 3; ++h) {
+      floe::exec::scalar{}.score(kv, q, h, {0, n}, z.data());
+      for (index_t i = 0; i < n; ++i) {
+        worst = std::max(worst, std::fabs(double(z[i]) - center[h * n + i]) / radius[h * n + i]);
+        slack += radius[h * n + i] / n / 3;
+      }
+    }
+    INFO("key offset " << key_offset << " worst |z - center| / radius " << worst << " mean radius " << slack);
+    REQUIRE(worst <= 1.0);
+    REQUIRE(worst >= 0.05);  // the bounds are not vacuous
+  };
+  for (float offset : {0.f, 40.f}) {
+    floe::testing::random_kv<float> f(g, 1500, 70, 8, 0, 0, 2.f);
+    floe::testing::random_kv<floe::half> h(g, 1500, 64, 8, 0, 0, 2.f);
+    floe::testing::random_kv<floe::bfloat16> b(g, 1500, 128, 8, 0, 0, 2.f);
+    for (auto& x : f.keys) x += offset;
+    for (auto& x : h.keys) x = floe::half::from_float(x.to_float() + offset);
+    for (auto& x : b.keys) x = floe::bfloat16::from_float(x.to_float() + offset);
+    check(f, offset);
+    check(h, offset);
+    check(b, offset);
+  }
+}
+
+TEST_CASE("quantized_scan candidates contain the true top k when sized by the bounds", "[topk][quantized]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(12);
+  for (index_t heads : {1, 3}) {
+    for (index_t k : {1, 10, 200}) {
+      const index_t n = 3000, d = 64;
+      floe::testing::random_kv<floe::half> data(g, n, d, 8);
+      const auto kv = data.view();
+      const auto qd = floe::testing::random_floats(g, heads * d, 2.f);
+      const auto q = floe::query_group::make(qd.data(), heads, d);
+      const quantized_scan scorer{0.0};  // re-rank everything the bounds admit
+      const auto idx = scorer.build(kv);
+      const floe::token_range middle{4, n - 64};
+      floe::stats s;
+      const auto cs = scorer.candidates(idx, q, middle, k, floe::budget::tokens(k), s);
+      // The true shared score, with the offsets the scan used.
+      std::vector<float> z(heads * middle.size()), shared(middle.size());
+      for (index_t h = 0; h < heads; ++h) floe::exec::scalar{}.score(kv, q, h, middle, z.data() + h * middle.size());
+      floe::select::ranking::shared_scores(z.data(), heads, middle.size(), middle.size(), cs.offsets, shared.data());
+      const auto truth = floe::select::ranking::top_k(shared.data(), middle.size(), k);
+      const std::set<index_t> cand(cs.tokens.begin(), cs.tokens.end());
+      INFO("heads " << heads << " k " << k << " candidates " << cand.size());
+      for (index_t i : truth) REQUIRE(cand.count(middle.begin + i) == 1);
+      REQUIRE(cand.size() < middle.size());  // and the bounds did prune
+      REQUIRE(s.summary_bytes == middle.size() * idx.bytes_per_token());
+
+      // Choosing with the same scorer returns exactly the true top k.
+      floe::selection out;
+      floe::stats s2;
+      REQUIRE(scorer.choose(idx, kv, q, floe::exec::scalar{}, middle, k, floe::budget::tokens(k), out, s2));
+      std::set<index_t> got;
+      for (const auto& r : out.ranges)
+        for (index_t i = r.begin; i < r.end; ++i) got.insert(i - middle.begin);
+      REQUIRE(got == std::set<index_t>(truth.begin(), truth.end()));
+      REQUIRE(s2.key_bytes == cand.size() * d * sizeof(floe::half));
+    }
+  }
+}
+
+TEST_CASE("page bounds hold and whole pages are read", "[topk][page_bounds]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(13);
+  const index_t n = 1000, d = 48;
+  floe::testing::random_kv<floe::bfloat16> data(g, n, d, 8, 0, 0, 3.f);
+  const auto kv = data.view();
+  const auto qd = floe::testing::random_floats(g, 2 * d, 2.f);
+  const auto q = floe::query_group::make(qd.data(), 2, d);
+  const auto idx = floe::page_bounds_index::build(kv, 16);
+  std::vector<float> z(n);
+  for (index_t h = 0; h < 2; ++h) {
+    floe::exec::scalar{}.score(kv, q, h, {0, n}, z.data());
+    for (index_t i = 0; i < n; ++i) REQUIRE(z[i] <= idx.upper_bound(q, h, i / 16));
+  }
+  const topk_anchors<page_bounds> sel{5, 30, floe::budget::tokens(100), {16}};
+  topk_anchors<page_bounds>::selection out;
+  floe::stats s;
+  sel.select(sel.build(kv), kv, q, floe::exec::scalar{}, out, s);
+  index_t retrieved = 0;
+  for (const auto& r : out.retrieved) {
+    retrieved += r.size();
+    // every retrieved run is made of pages, clipped only at the middle's ends
+    REQUIRE((r.begin % 16 == 0 || r.begin == out.middle.begin));
+    REQUIRE((r.end % 16 == 0 || r.end == out.middle.end));
+  }
+  REQUIRE(retrieved >= 100);
+  REQUIRE(retrieved < 100 + 16);
+  REQUIRE(!out.keys_counted);
+  REQUIRE(s.summary_bytes == ((n - 30 - 1) / 16 + 1 - 5 / 16) * idx.bytes_per_page());
+}
+
+TEST_CASE("top-p budgets reach the estimated mass within floor and cap", "[topk][budget]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(14);
+  const index_t n = 3000, d = 32;
+  floe::testing::random_kv<float> data(g, n, d, 8);
+  const auto kv = data.view();
+  const auto qd = floe::testing::random_floats(g, d, 4.f);
+  const auto q = floe::query_group::make(qd.data(), 1, d);
+  std::vector<float> z(n);
+  floe::exec::scalar{}.score(kv, q, 0, {0, n}, z.data());
+  auto retrieved_of = [&](const auto& sel) {
+    typename std::decay_t<decltype(sel)>::selection out;
+    floe::stats s;
+    sel.select(sel.build(kv), kv, q, floe::exec::scalar{}, out, s);
+    return out;
+  };
+  // exact_scan with p = 0.5: the retrieved tokens hold at least half of the middle's weight,
+  // and one token fewer would not.
+  const auto out = retrieved_of(topk_anchors<exact_scan>{4, 64, floe::budget::top_p(0.5), {}});
+  const float top = *std::max_element(z.begin() + 4, z.end() - 64);
+  double total = 0, got = 0, smallest = 1e300;
+  for (index_t i = 4; i < n - 64; ++i) total += std::exp(double(z[i]) - top);
+  for (const auto& r : out.retrieved)
+    for (index_t i = r.begin; i < r.end; ++i) {
+      got += std::exp(double(z[i]) - top);
+      smallest = std::min(smallest, std::exp(double(z[i]) - top));
+    }
+  REQUIRE(got >= 0.5 * total * (1 - 1e-9));
+  REQUIRE(got - smallest < 0.5 * total);
+  // floor and cap bind.
+  const auto floored = retrieved_of(topk_anchors<quantized_scan>{4, 64, floe::budget::top_p(1e-9, 300, 400), {}});
+  REQUIRE(floored.count() == 4 + 64 + 300);
+  const auto capped = retrieved_of(topk_anchors<exact_scan>{4, 64, floe::budget::top_p(0.999999, 0, 20), {}});
+  REQUIRE(capped.count() == 4 + 64 + 20);
+  const auto paged = retrieved_of(topk_anchors<page_bounds>{4, 64, floe::budget::top_p(0.999999, 0, 64), {16}});
+  REQUIRE(paged.count() <= 4 + 64 + 64 + 15);
+}
+
+TEST_CASE("the scorers' indexes append as they rebuild", "[topk][append]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(15);
+  const index_t n = 1300, d = 40;
+  floe::testing::random_kv<floe::half> data(g, n, d, 8);
+  const floe::kv_view<floe::half> early(data.keys.data(), data.values.data(), 1000, d, 8);
+  const auto kv = data.view();
+  const auto qd = floe::testing::random_floats(g, 2 * d, 2.f);
+  const auto q = floe::query_group::make(qd.data(), 2, d);
+
+  auto grown = floe::quantized_keys::build(early);
+  for (index_t m = 1001; m <= n; m += 7) grown.append(floe::kv_view<floe::half>(data.keys.data(), data.values.data(), std::min(m, n), d, 8));
+  grown.append(kv);
+  const auto whole = floe::quantized_keys::build(kv);
+  REQUIRE(grown.tokens() == n);
+  std::vector<float> c1(2 * n), r1(2 * n), c2(2 * n), r2(2 * n);
+  grown.scan(grown.prepare(q), 0, n, c1.data(), r1.data(), n);
+  whole.scan(whole.prepare(q), 0, n, c2.data(), r2.data(), n);
+  REQUIRE(c1 == c2);
+  REQUIRE(r1 == r2);
+
+  auto pages = floe::page_bounds_index::build(early, 16);
+  pages.append(floe::kv_view<floe::half>(data.keys.data(), data.values.data(), 1005, d, 8));
+  pages.append(kv);
+  const auto pages_whole = floe::page_bounds_index::build(kv, 16);
+  REQUIRE(pages.pages() == pages_whole.pages());
+  for (index_t p = 0; p < pages.pages(); ++p)
+    for (index_t h = 0; h < 2; ++h) REQUIRE(pages.upper_bound(q, h, p) == pages_whole.upper_bound(q, h, p));
+
+  // A stale selector index: tokens it does not cover are attended with the tail.
+  const topk_anchors<quantized_scan> sel{4, 16, floe::budget::fraction(0.1), {}};
+  topk_anchors<quantized_scan>::selection out;
+  floe::stats s;
+  sel.select(sel.build(early), kv, q, floe::exec::scalar{}, out, s);
+  REQUIRE(out.middle == floe::token_range{4, 1000});
+  REQUIRE(out.ranges.back().begin <= 1000);  // the retrieved token 999 may join the tail
+  REQUIRE(out.ranges.back().end == n);
+}
+
+TEST_CASE("topk_anchors refuses bad input naming the argument", "[topk][bad_input]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(16);
+  const index_t n = 200, d = 16;
+  floe::testing::random_kv<float> data(g, n, d, 8);
+  const auto kv = data.view();
+  auto qd = floe::testing::random_floats(g, d, 1.f);
+  const auto q = floe::query_group::make(qd.data(), 1, d);
+  auto arg_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const floe::invalid_argument& e) {
+      return e.argument();
+    }
+    return std::string("(nothing thrown)");
+  };
+  // S + W >= n: at build and at select.
+  const topk_anchors<exact_scan> wide{100, 100, floe::budget::fraction(0.1), {}};
+  REQUIRE(arg_of([&] { (void)wide.build(kv); }) == "window");
+  const topk_anchors<exact_scan> fine{4, 16, floe::budget::tokens(181), {}};
+  const auto idx = fine.build(kv);
+  topk_anchors<exact_scan>::selection out;
+  floe::stats s;
+  REQUIRE(arg_of([&] { wide.select(idx, kv, q, floe::exec::scalar{}, out, s); }) == "window");
+  // A budget larger than the middle region (180 tokens).
+  REQUIRE(arg_of([&] { fine.select(idx, kv, q, floe::exec::scalar{}, out, s); }) == "budget");
+  const topk_anchors<quantized_scan> over{4, 16, floe::budget::fraction(1.5), {}};
+  REQUIRE(arg_of([&] { over.select(over.build(kv), kv, q, floe::exec::scalar{}, out, s); }) == "budget");
+  // A NaN query, to the selector directly and through the estimator.
+  qd[3] = std::nanf("");
+  const topk_anchors<quantized_scan> ok{4, 16, floe::budget::tokens(20), {}};
+  REQUIRE(arg_of([&] { ok.select(ok.build(kv), kv, q, floe::exec::scalar{}, out, s); }) == "query");
+  floe::estimator<topk_anchors<quantized_scan>, floe::residual::feature_map<>> est(ok, {});
+  std::vector<double> o(8, -7.0);
+  REQUIRE(arg_of([&] {
+            est.decode(est.build(kv), kv, q, floe::exec::scalar{}, floe::output_group<double>{o.data(), 1, 8, 0}, s);
+          }) == "query");
+  REQUIRE(std::all_of(o.begin(), o.end(), [](double x) { return x == -7.0; }));
+}
