@@ -27,11 +27,11 @@ const char* usage =
     "modes:\n"
     "  --generate PROMPT     greedy generation [--max-new N=48] [--chat]\n"
     "  --perplexity FILE     prefill --ctx N tokens, teacher-force the next --eval M through decode steps,\n"
-    "                        for dense and each method of --attn LIST [--budget F=0.1 of ctx]\n"
+    "                        for dense and each method of --attn LIST at each --budget F,F.. (of ctx; 0.1)\n"
     "  --dump-kv DIR         --text FILE --ctx N --layers L1,L2,.. [--queries Q=32]: KV dump per layer\n"
     "  --logits FILE.npy     --text FILE --tokens T [--decode]: logits [T, vocab] (and FILE.tokens.npy)\n"
     "  --tokenize FILE       [--out IDS.npy] [--chars C]: token ids of the first C characters\n"
-    "options: --attn NAME[,NAME..] (dense, streaming; default dense)  --threads N\n";
+    "options: --attn NAME[,NAME..] (dense, streaming; default dense)  --threads N (Eigen's, default 1)\n";
 
 struct options {
   std::map<std::string, std::string> values;
@@ -125,10 +125,11 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
                 " tokens, ", ctx + eval + 1, " needed");
   floe::require(ctx + eval <= model.config().n_ctx_train, "ctx", "ctx + eval = ", ctx + eval,
                 " exceeds the model's context of ", model.config().n_ctx_train);
-  const double budget = std::stod(o.get("--budget", "0.1"));
-  std::vector<std::string> names{"dense"};
+  // Dense first (the reference), then every other method at every budget.
+  std::vector<std::pair<std::string, double>> runs{{"dense", 1.0}};
   for (const auto& n : split(o.get("--attn", "dense"), ','))
-    if (n != "dense") names.push_back(n);
+    for (const auto& b : split(o.get("--budget", "0.1"), ','))
+      if (n != "dense") runs.emplace_back(n, std::stod(b));
 
   kv_cache cache(model.config(), ctx + eval);
   const auto t0 = std::chrono::steady_clock::now();
@@ -139,9 +140,9 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
   std::printf("perplexity of %s: %zu tokens; prefill %d tokens in %.1f s (%.0f tokens/s); %d teacher-forced "
               "decode steps\n",
               std::filesystem::path(path).filename().c_str(), ids.size(), ctx, prefill_s, ctx / prefill_s, eval);
-  std::printf("%-34s %11s %9s %11s %12s %10s\n", "method", "perplexity", "nll", "keys read", "bytes read",
-              "tokens/s");
-  for (const auto& name : names) {
+  std::printf("%-34s %7s %11s %9s %11s %12s %10s\n", "method", "budget", "perplexity", "nll", "keys read",
+              "bytes read", "tokens/s");
+  for (const auto& [name, budget] : runs) {
     auto method = make_attention(name, budget, ctx);
     cache = after_prefill;
     method->build(model.config(), cache);
@@ -156,7 +157,8 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
     std::fprintf(stderr, "\n");
     const double s = seconds_since(t1);
     const double dense_bytes = static_cast<double>(io.tokens_total) * model.config().head_dim * 2 * sizeof(float);
-    std::printf("%-34s %11.3f %9.4f %10.2f%% %11.2f%% %10.2f\n", method->name().c_str(), std::exp(nll / eval),
+    std::printf("%-34s %7s %11.3f %9.4f %10.2f%% %11.2f%% %10.2f\n", method->name().c_str(),
+                name == "dense" ? "-" : std::to_string(budget).substr(0, 5).c_str(), std::exp(nll / eval),
                 nll / eval, 100.0 * static_cast<double>(io.tokens_read) / static_cast<double>(io.tokens_total),
                 100.0 * static_cast<double>(io.bytes_read()) / dense_bytes, eval / s);
   }
@@ -290,7 +292,8 @@ int main(int argc, char** argv) {
       std::cout << usage;
       return 0;
     }
-    if (o.has("--threads")) Eigen::setNbThreads(static_cast<int>(o.integer("--threads", 1)));
+    // One thread unless asked: OpenMP threads spinning on a busy machine cost 10x.
+    Eigen::setNbThreads(static_cast<int>(o.integer("--threads", 1)));
     const gguf_file file = gguf_file::open(o.need("--model"));
     const bpe_tokenizer tok = bpe_tokenizer::from_gguf(file);
     if (o.has("--tokenize")) return run_tokenize(tok, o);
