@@ -1,0 +1,431 @@
+// The Mixture-of-Gaussians index of one (layer, KV head): ~sqrt(n) key clusters, ~ln n
+// subclusters in each, every group summarised by its count, key mean, diagonal key
+// variance and value mean. Tokens are referenced by position in the caller's cache,
+// subcluster by subcluster. docs/methods/mog.md.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "floe/core/error.hpp"
+#include "floe/core/kv_view.hpp"
+#include "floe/exec/parallel.hpp"
+#include "floe/index/kmeans.hpp"
+
+namespace floe {
+
+struct mog_config {
+  index_t clusters = 0;           // 0: round(sqrt(n))
+  index_t subclusters = 0;        // per cluster; 0: max(1, round(ln n))
+  index_t iterations = 6;         // Lloyd iterations at each level
+  index_t tail_capacity = 256;    // appended tokens stay exact until this many wait
+  double rebuild_growth = 0.5;    // re-cluster once appended tokens reach this fraction of those clustered at build
+  double rebuild_drift = 2.0;     // ... or once they lie this many times farther from their centroids (mean squared)
+  index_t rebuild_min_tokens = 1024;  // the drift test needs this many appended tokens to be meaningful
+  index_t window = 0;             // the most recent tokens are never clustered, always exact
+  double outlier_sigma = 8.0;     // a key whose squared Mahalanobis distance exceeds d + sigma sqrt(2d)...
+  double outlier_fraction = 0.005;  // ... becomes a cluster of its own, for at most this fraction of tokens
+  bool cross_covariance = false;  // keep Cov(v, k) per cluster: dv x d floats each
+  std::uint64_t seed = 0x6d6f67;
+};
+
+// log(n E[exp(s q.k)]) for k ~ N(mean, diag(variance)): log n + s q.mean + s^2/2 sum q_t^2 var_t.
+FLOE_HOST_DEVICE inline double gaussian_log_mass(double log_count, const float* mean, const float* variance,
+                                                 const float* q, index_t d, double scale) {
+  double dot = 0.0, spread = 0.0;
+  for (index_t t = 0; t < d; ++t) {
+    dot += static_cast<double>(q[t]) * mean[t];
+    spread += static_cast<double>(q[t]) * q[t] * variance[t];
+  }
+  return log_count + scale * dot + 0.5 * scale * scale * spread;
+}
+
+class mog_index {
+ public:
+  mog_index() = default;
+
+  // Clusters the n tokens of kv. Rejects NaN/Inf keys or values naming the token.
+  template <KvView KV>
+  static mog_index build(const KV& kv, const mog_config& cfg = {}, const parallel_for_fn& parallel_for = serial_for) {
+    mog_index idx;
+    idx.cfg_ = cfg;
+    idx.rebuild(kv, parallel_for);
+    return idx;
+  }
+
+  // Takes in tokens [tokens(), kv.n()) of a cache that grew by decoding. They stay in the
+  // exact tail until tail_capacity wait beyond the recent window; then those older than the
+  // window join their nearest cluster and subcluster (Welford updates). Past the growth or
+  // drift threshold the whole cache is re-clustered.
+  template <KvView KV>
+  void append(const KV& kv, const parallel_for_fn& parallel_for = serial_for) {
+    require(kv.d() == d_ && kv.dv() == dv_, "kv", "index built for d = ", d_, ", dv = ", dv_, "; the view has d = ",
+            kv.d(), ", dv = ", kv.dv());
+    require(kv.n() >= n_, "kv", "the view holds ", kv.n(), " tokens, fewer than the ", n_, " the index covers");
+    const index_t first = n_, waiting = kv.n() - n_;
+    if (waiting <= cfg_.window || waiting - cfg_.window < std::max<index_t>(cfg_.tail_capacity, 1)) return;
+    if (clusters_ == 0) return rebuild(kv, parallel_for);
+    const index_t end = kv.n() - cfg_.window;
+    const row_matrix keys = read_keys(kv, first, end);
+    check_values(kv, first, end);
+    join_tokens(kv, keys, first, parallel_for);
+    if (static_cast<double>(appended_) >= cfg_.rebuild_growth * static_cast<double>(n_at_build_) ||
+        (appended_ >= cfg_.rebuild_min_tokens &&
+         appended_sq_dist_ > cfg_.rebuild_drift * built_mean_sq_dist_ * static_cast<double>(appended_)))
+      rebuild(kv, parallel_for);
+  }
+
+  // Shape.
+  index_t d() const { return d_; }
+  index_t dv() const { return dv_; }
+  index_t tokens() const { return n_; }  // tokens in clusters; later ones form the exact tail
+  index_t clusters() const { return clusters_; }
+  index_t subclusters() const { return subclusters_; }
+  index_t groups() const { return clusters_ + subclusters_; }  // cluster c is group c, subcluster s is group clusters()+s
+
+  // Group summaries: row g of moments() is [mean (d) | variance (d)].
+  const float* moments() const { return moments_.data(); }
+  const float* mean(index_t g) const { return moments_.data() + g * 2 * d_; }
+  const float* variance(index_t g) const { return mean(g) + d_; }
+  const float* value_mean(index_t g) const { return value_means_.data() + g * dv_; }
+  const float* log_counts() const { return log_counts_.data(); }
+  std::uint32_t count(index_t g) const { return counts_[g]; }
+  bool has_cross_covariance() const { return !cross_cov_.empty(); }
+  const float* cross_covariance(index_t c) const { return cross_cov_.data() + c * dv_ * d_; }  // [dv, d] row-major
+
+  // Subclusters of cluster c are [first_subcluster(c), first_subcluster(c+1)) (numbered from 0).
+  index_t first_subcluster(index_t c) const { return sub_begin_[c]; }
+  std::span<const std::uint32_t> members(index_t s) const {
+    return {members_.data() + member_begin_[s], member_begin_[s + 1] - member_begin_[s]};
+  }
+
+  // Position p of the clustered order holds token clustered_order()[p]: an engine that
+  // copies its cache rows into this order and then calls adopt_clustered_order() gets every
+  // subcluster as one contiguous range (docs/methods/mog.md, "layout").
+  const std::vector<std::uint32_t>& clustered_order() const { return members_; }
+  void adopt_clustered_order() {
+    for (index_t p = 0; p < members_.size(); ++p) members_[p] = static_cast<std::uint32_t>(p);
+  }
+
+  const mog_config& config() const { return cfg_; }
+  std::uint64_t generation() const { return generation_; }  // increments at every (re)build
+  double build_seconds() const { return build_seconds_; }   // wall time of the last (re)build
+  index_t appended_since_build() const { return appended_; }
+
+  std::uint64_t bytes() const {
+    return sizeof(float) * (moments_.size() + value_means_.size() + log_counts_.size() + cross_cov_.size()) +
+           sizeof(std::uint32_t) * (counts_.size() + sub_begin_.size() + member_begin_.size() + members_.size());
+  }
+
+ private:
+  template <KvView KV>
+  static row_matrix read_keys(const KV& kv, index_t begin, index_t end) {
+    row_matrix keys(static_cast<Eigen::Index>(end - begin), static_cast<Eigen::Index>(kv.d()));
+    for (index_t i = begin; i < end; ++i) {
+      const auto* k = kv.key_row(i);
+      for (index_t t = 0; t < kv.d(); ++t) {
+        const float x = to_float(k[t]);
+        require(std::isfinite(x), "keys", "token ", i, " has a non-finite key element at dimension ", t, " (", x, ")");
+        keys(static_cast<Eigen::Index>(i - begin), static_cast<Eigen::Index>(t)) = x;
+      }
+    }
+    return keys;
+  }
+
+  template <KvView KV>
+  static void check_values(const KV& kv, index_t begin, index_t end) {
+    for (index_t i = begin; i < end; ++i) {
+      const auto* v = kv.value_row(i);
+      for (index_t j = 0; j < kv.dv(); ++j)
+        require(std::isfinite(to_float(v[j])), "values", "token ", i, " has a non-finite value element at dimension ",
+                j, " (", to_float(v[j]), ")");
+    }
+  }
+
+  template <KvView KV>
+  void rebuild(const KV& kv, const parallel_for_fn& parallel_for) {
+    const auto start = std::chrono::steady_clock::now();
+    d_ = kv.d();
+    dv_ = kv.dv();
+    const index_t n = kv.n() > cfg_.window ? kv.n() - cfg_.window : 0;  // the last `window` tokens stay exact
+    const row_matrix keys = read_keys(kv, 0, kv.n());
+    check_values(kv, 0, kv.n());
+    layout(n ? partition(keys.topRows(static_cast<Eigen::Index>(n)), parallel_for) : std::vector<cluster_members>{});
+    n_ = n;
+    compute_moments(kv, keys, parallel_for);
+    n_at_build_ = n;
+    appended_ = 0;
+    appended_sq_dist_ = 0.0;
+    ++generation_;
+    build_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  using cluster_members = std::vector<std::vector<std::uint32_t>>;  // subclusters, each increasing positions
+
+  // Two-level k-means of the rows of keys, then outliers split off as clusters of one.
+  std::vector<cluster_members> partition(const row_matrix& keys, const parallel_for_fn& parallel_for) const {
+    const index_t n = static_cast<index_t>(keys.rows()), d = static_cast<index_t>(keys.cols());
+    const index_t want_c = cfg_.clusters ? cfg_.clusters : static_cast<index_t>(std::lround(std::sqrt(double(n))));
+    const index_t want_s = cfg_.subclusters ? cfg_.subclusters
+                                            : std::max<index_t>(1, static_cast<index_t>(std::lround(std::log(double(n)))));
+    const kmeans_result top = kmeans(keys, {std::max<index_t>(1, want_c), cfg_.iterations, 8, cfg_.seed}, parallel_for);
+    const index_t k = static_cast<index_t>(top.centroids.rows());
+    std::vector<std::vector<std::uint32_t>> in_cluster(k);
+    for (index_t i = 0; i < n; ++i) in_cluster[top.labels[i]].push_back(static_cast<std::uint32_t>(i));
+
+    // Second level, one k-means per cluster; and each member's squared Mahalanobis
+    // distance (diagonal) to its cluster, the worst-case z-score of its score over query directions.
+    std::vector<cluster_members> parts(k);
+    std::vector<float> mahalanobis(n, 0.f);
+    parallel_for(k, [&](index_t c) {
+      const auto& rows = in_cluster[c];
+      row_matrix x(static_cast<Eigen::Index>(rows.size()), keys.cols());
+      for (index_t j = 0; j < rows.size(); ++j) x.row(static_cast<Eigen::Index>(j)) = keys.row(rows[j]);
+      const Eigen::RowVectorXd mean = x.cast<double>().colwise().mean();
+      const Eigen::RowVectorXd var = (x.cast<double>().rowwise() - mean).array().square().colwise().mean();
+      // Leave-one-out: a lone far point must not hide by inflating the variance it is judged by.
+      const double floor = 1e-6 * var.mean() + 1e-30, m = static_cast<double>(rows.size());
+      for (index_t j = 0; rows.size() >= 8 && j < rows.size(); ++j) {
+        const Eigen::ArrayXd dev = (x.row(static_cast<Eigen::Index>(j)).cast<double>() - mean).transpose().array();
+        const Eigen::ArrayXd var_loo = (m / (m - 1)) * (var.transpose().array() - dev.square() / (m - 1)).max(0.0);
+        mahalanobis[rows[j]] = static_cast<float>(((m / (m - 1)) * (m / (m - 1)) * dev.square() / (var_loo + floor)).sum());
+      }
+      std::vector<std::uint32_t> labels(rows.size(), 0);
+      index_t subs = 1;
+      if (want_s > 1 && rows.size() > 1) {
+        kmeans_result sub = kmeans(x, {want_s, cfg_.iterations, 8, cfg_.seed ^ ((c + 1) * 0x9e3779b97f4a7c15ull)}, serial_for);
+        labels = std::move(sub.labels);
+        subs = static_cast<index_t>(sub.centroids.rows());
+      }
+      parts[c].resize(subs);
+      for (index_t j = 0; j < rows.size(); ++j) parts[c][labels[j]].push_back(rows[j]);
+    });
+
+    // Outliers: far in the tail of their cluster's Gaussian, at most outlier_fraction of n.
+    const double threshold = static_cast<double>(d) + cfg_.outlier_sigma * std::sqrt(2.0 * static_cast<double>(d));
+    std::vector<std::uint32_t> outliers;
+    for (index_t i = 0; i < n; ++i)
+      if (mahalanobis[i] > threshold) outliers.push_back(static_cast<std::uint32_t>(i));
+    const auto cap = static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(n));
+    if (outliers.size() > cap) {
+      std::nth_element(outliers.begin(), outliers.begin() + static_cast<std::ptrdiff_t>(cap), outliers.end(),
+                       [&](std::uint32_t a, std::uint32_t b) { return mahalanobis[a] > mahalanobis[b]; });
+      outliers.resize(cap);
+    }
+    if (outliers.empty()) return parts;
+    std::vector<char> is_outlier(n, 0);
+    for (auto i : outliers) is_outlier[i] = 1;
+    std::vector<cluster_members> kept;
+    for (auto& cl : parts) {
+      cluster_members subs;
+      for (auto& sub : cl) {
+        std::erase_if(sub, [&](std::uint32_t i) { return is_outlier[i] != 0; });
+        if (!sub.empty()) subs.push_back(std::move(sub));
+      }
+      if (!subs.empty()) kept.push_back(std::move(subs));
+    }
+    std::sort(outliers.begin(), outliers.end());
+    for (auto i : outliers) kept.push_back(cluster_members{{i}});
+    return kept;
+  }
+
+  // CSR layout of a partition: clusters, their subclusters, their members.
+  void layout(const std::vector<cluster_members>& parts) {
+    clusters_ = parts.size();
+    sub_begin_.assign(clusters_ + 1, 0);
+    for (index_t c = 0; c < clusters_; ++c) sub_begin_[c + 1] = static_cast<std::uint32_t>(sub_begin_[c] + parts[c].size());
+    subclusters_ = sub_begin_[clusters_];
+    member_begin_.assign(subclusters_ + 1, 0);
+    members_.clear();
+    for (const auto& cl : parts)
+      for (const auto& sub : cl) members_.insert(members_.end(), sub.begin(), sub.end());
+    index_t s = 0;
+    for (const auto& cl : parts)
+      for (const auto& sub : cl) {
+        member_begin_[s + 1] = static_cast<std::uint32_t>(member_begin_[s] + sub.size());
+        ++s;
+      }
+  }
+
+  // Exact moments of every subcluster (two passes in double), clusters by pooling their
+  // subclusters, and the optional per-cluster value-key covariance.
+  template <KvView KV>
+  void compute_moments(const KV& kv, const row_matrix& keys, const parallel_for_fn& parallel_for) {
+    const index_t g_total = groups();
+    moments_.assign(g_total * 2 * d_, 0.f);
+    value_means_.assign(g_total * dv_, 0.f);
+    counts_.assign(g_total, 0);
+    log_counts_.assign(g_total, 0.f);
+    Eigen::MatrixXd sub_mean(static_cast<Eigen::Index>(d_), static_cast<Eigen::Index>(subclusters_));
+    Eigen::MatrixXd sub_m2(static_cast<Eigen::Index>(d_), static_cast<Eigen::Index>(subclusters_));
+    Eigen::MatrixXd sub_vsum(static_cast<Eigen::Index>(dv_), static_cast<Eigen::Index>(subclusters_));
+    parallel_for(subclusters_, [&](index_t s) {
+      const auto rows = members(s);
+      Eigen::VectorXd mean = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(d_));
+      Eigen::VectorXd m2 = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(d_));
+      Eigen::VectorXd vsum = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(dv_));
+      for (auto i : rows) mean += keys.row(i).transpose().cast<double>();
+      mean /= static_cast<double>(rows.size());
+      for (auto i : rows) {
+        m2 += (keys.row(i).transpose().cast<double>() - mean).array().square().matrix();
+        const auto* v = kv.value_row(i);
+        for (index_t j = 0; j < dv_; ++j) vsum[static_cast<Eigen::Index>(j)] += to_float(v[j]);
+      }
+      sub_mean.col(static_cast<Eigen::Index>(s)) = mean;
+      sub_m2.col(static_cast<Eigen::Index>(s)) = m2;
+      sub_vsum.col(static_cast<Eigen::Index>(s)) = vsum;
+      set_group(clusters_ + s, rows.size(), mean, m2, vsum);
+    });
+    built_mean_sq_dist_ = 0.0;
+    for (index_t c = 0; c < clusters_; ++c) {
+      const auto s0 = static_cast<Eigen::Index>(sub_begin_[c]), ns = static_cast<Eigen::Index>(sub_begin_[c + 1] - sub_begin_[c]);
+      Eigen::VectorXd w(ns);
+      for (Eigen::Index j = 0; j < ns; ++j) w[j] = counts_[clusters_ + static_cast<index_t>(s0 + j)];
+      const double total = w.sum();
+      const Eigen::VectorXd mean = sub_mean.middleCols(s0, ns) * w / total;
+      // Pooled second moment: within-subcluster spread plus the spread of subcluster means.
+      Eigen::VectorXd m2 = sub_m2.middleCols(s0, ns).rowwise().sum();
+      for (Eigen::Index j = 0; j < ns; ++j)
+        m2 += w[j] * (sub_mean.col(s0 + j) - mean).array().square().matrix();
+      set_group(c, static_cast<index_t>(total), mean, m2, sub_vsum.middleCols(s0, ns).rowwise().sum());
+      built_mean_sq_dist_ += m2.sum();
+    }
+    built_mean_sq_dist_ /= static_cast<double>(std::max<index_t>(n_, 1));
+
+    cross_cov_.clear();
+    if (!cfg_.cross_covariance) return;
+    cross_cov_.assign(clusters_ * dv_ * d_, 0.f);
+    parallel_for(clusters_, [&](index_t c) {
+      const index_t nc = counts_[c];
+      Eigen::MatrixXd kc(static_cast<Eigen::Index>(nc), static_cast<Eigen::Index>(d_));
+      Eigen::MatrixXd vc(static_cast<Eigen::Index>(nc), static_cast<Eigen::Index>(dv_));
+      index_t r = 0;
+      for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s)
+        for (auto i : members(s)) {
+          for (index_t t = 0; t < d_; ++t)
+            kc(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(t)) = keys(i, static_cast<Eigen::Index>(t)) - mean(c)[t];
+          const auto* v = kv.value_row(i);
+          for (index_t j = 0; j < dv_; ++j)
+            vc(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(j)) = to_float(v[j]) - value_mean(c)[j];
+          ++r;
+        }
+      const Eigen::MatrixXd cov = vc.transpose() * kc / static_cast<double>(nc);  // [dv, d]
+      for (index_t j = 0; j < dv_; ++j)
+        for (index_t t = 0; t < d_; ++t)
+          cross_cov_[(c * dv_ + j) * d_ + t] = static_cast<float>(cov(static_cast<Eigen::Index>(j), static_cast<Eigen::Index>(t)));
+    });
+  }
+
+  void set_group(index_t g, index_t count, const Eigen::VectorXd& mean, const Eigen::VectorXd& m2,
+                 const Eigen::VectorXd& value_sum) {
+    counts_[g] = static_cast<std::uint32_t>(count);
+    log_counts_[g] = static_cast<float>(std::log(static_cast<double>(count)));
+    float* row = moments_.data() + g * 2 * d_;
+    for (index_t t = 0; t < d_; ++t) {
+      row[t] = static_cast<float>(mean[static_cast<Eigen::Index>(t)]);
+      row[d_ + t] = static_cast<float>(m2[static_cast<Eigen::Index>(t)] / static_cast<double>(count));
+    }
+    for (index_t j = 0; j < dv_; ++j)
+      value_means_[g * dv_ + j] = static_cast<float>(value_sum[static_cast<Eigen::Index>(j)] / static_cast<double>(count));
+  }
+
+  // New tokens [first, first + keys.rows()) join the nearest cluster, then the nearest
+  // subcluster of it; moments follow by Welford's update.
+  template <KvView KV>
+  void join_tokens(const KV& kv, const row_matrix& keys, index_t first, const parallel_for_fn& parallel_for) {
+    const index_t count = static_cast<index_t>(keys.rows());
+    row_matrix centres(static_cast<Eigen::Index>(clusters_), static_cast<Eigen::Index>(d_));
+    for (index_t c = 0; c < clusters_; ++c)
+      for (index_t t = 0; t < d_; ++t) centres(static_cast<Eigen::Index>(c), static_cast<Eigen::Index>(t)) = mean(c)[t];
+    std::vector<std::uint32_t> cluster_of;
+    std::vector<float> sq_dist;
+    detail::kmeans_assign(keys, centres, cluster_of, sq_dist, parallel_for);
+
+    std::vector<std::uint32_t> sub_of(count);
+    std::vector<float> value(dv_);
+    for (index_t r = 0; r < count; ++r) {
+      const index_t c = cluster_of[r];
+      const float* k = keys.data() + r * d_;
+      index_t best = sub_begin_[c];
+      double best_d2 = std::numeric_limits<double>::infinity();
+      for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s) {
+        double d2 = 0.0;
+        for (index_t t = 0; t < d_; ++t) d2 += (k[t] - mean(clusters_ + s)[t]) * (k[t] - mean(clusters_ + s)[t]);
+        if (d2 < best_d2) { best_d2 = d2; best = s; }
+      }
+      sub_of[r] = static_cast<std::uint32_t>(best);
+      const auto* v = kv.value_row(first + r);
+      for (index_t j = 0; j < dv_; ++j) value[j] = to_float(v[j]);
+      if (has_cross_covariance()) welford_cross(c, k, value.data());
+      welford(c, k, value.data());
+      welford(clusters_ + best, k, value.data());
+      appended_sq_dist_ += sq_dist[r];
+    }
+    // Members: new positions are larger than every old one, so each list stays increasing.
+    std::vector<std::uint32_t> added(subclusters_ + 1, 0);
+    for (auto s : sub_of) ++added[s + 1];
+    for (index_t s = 0; s < subclusters_; ++s) added[s + 1] += added[s];
+    std::vector<std::uint32_t> merged(members_.size() + count);
+    std::vector<std::uint32_t> begin(subclusters_ + 1);
+    for (index_t s = 0; s <= subclusters_; ++s) begin[s] = member_begin_[s] + added[s];
+    for (index_t s = 0; s < subclusters_; ++s)
+      std::copy(members_.begin() + member_begin_[s], members_.begin() + member_begin_[s + 1], merged.begin() + begin[s]);
+    std::vector<std::uint32_t> fill(subclusters_);
+    for (index_t s = 0; s < subclusters_; ++s) fill[s] = begin[s] + (member_begin_[s + 1] - member_begin_[s]);
+    for (index_t r = 0; r < count; ++r) merged[fill[sub_of[r]]++] = static_cast<std::uint32_t>(first + r);
+    members_ = std::move(merged);
+    member_begin_ = std::move(begin);
+    n_ = first + count;
+    appended_ += count;
+  }
+
+  void welford(index_t g, const float* k, const float* v) {
+    const double n1 = static_cast<double>(counts_[g]) + 1.0;
+    float* mu = moments_.data() + g * 2 * d_;
+    float* var = mu + d_;
+    for (index_t t = 0; t < d_; ++t) {
+      const double delta = k[t] - mu[t];
+      const double mu1 = mu[t] + delta / n1;
+      var[t] = static_cast<float>(((n1 - 1.0) * var[t] + delta * (k[t] - mu1)) / n1);
+      mu[t] = static_cast<float>(mu1);
+    }
+    float* nu = value_means_.data() + g * dv_;
+    for (index_t j = 0; j < dv_; ++j) nu[j] = static_cast<float>(nu[j] + (v[j] - static_cast<double>(nu[j])) / n1);
+    counts_[g] += 1;
+    log_counts_[g] = static_cast<float>(std::log(n1));
+  }
+
+  // Co-moment update, before welford() moves the means: C' = (n C + (v - nu') (k - mu)^T) / (n + 1).
+  void welford_cross(index_t c, const float* k, const float* v) {
+    const double n = counts_[c], n1 = n + 1.0;
+    float* cov = cross_cov_.data() + c * dv_ * d_;
+    for (index_t j = 0; j < dv_; ++j) {
+      const double dvj = v[j] - (value_mean(c)[j] + (v[j] - static_cast<double>(value_mean(c)[j])) / n1);
+      for (index_t t = 0; t < d_; ++t)
+        cov[j * d_ + t] = static_cast<float>((n * cov[j * d_ + t] + dvj * (k[t] - static_cast<double>(mean(c)[t]))) / n1);
+    }
+  }
+
+  mog_config cfg_{};
+  index_t d_ = 0, dv_ = 0, n_ = 0, clusters_ = 0, subclusters_ = 0;
+  std::vector<float> moments_;            // [groups, 2d]: key mean | key variance
+  std::vector<float> value_means_;        // [groups, dv]
+  std::vector<float> log_counts_;         // [groups]
+  std::vector<std::uint32_t> counts_;     // [groups]
+  std::vector<std::uint32_t> sub_begin_;  // [clusters + 1]
+  std::vector<std::uint32_t> member_begin_;  // [subclusters + 1]
+  std::vector<std::uint32_t> members_;    // [tokens] positions, subcluster by subcluster
+  std::vector<float> cross_cov_;          // [clusters, dv, d] when configured
+  index_t n_at_build_ = 0, appended_ = 0;
+  double built_mean_sq_dist_ = 0.0, appended_sq_dist_ = 0.0;
+  std::uint64_t generation_ = 0;
+  double build_seconds_ = 0.0;
+};
+
+}  // namespace floe

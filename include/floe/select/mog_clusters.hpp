@@ -1,0 +1,279 @@
+// Selector `mog_clusters`: scores the ~sqrt(n) key clusters of a mog_index by their
+// Gaussian estimate of attention mass, refines the best into subclusters, and attends the
+// best subclusters exactly. The uncovered groups and their estimated log-masses go to the
+// residual (gaussian_moments). docs/methods/mog.md.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <string_view>
+#include <vector>
+
+#include "floe/core/budget.hpp"
+#include "floe/core/kv_view.hpp"
+#include "floe/core/query.hpp"
+#include "floe/core/selection.hpp"
+#include "floe/core/stats.hpp"
+#include "floe/index/mog_index.hpp"
+
+namespace floe::select {
+
+struct mog_clusters {
+  static constexpr std::string_view name = "mog_clusters";
+  using index = mog_index;
+
+  // The exact set, plus the groups left uncovered and their estimated log-masses.
+  struct selection : floe::selection {
+    const mog_index* source = nullptr;           // residual_groups are groups of this index
+    index_t heads = 0;
+    std::vector<std::uint32_t> residual_groups;  // unrefined clusters and unchosen subclusters
+    std::vector<float> residual_log_mass;        // [heads, residual_groups]: log(n_g E[exp(s q.k)])
+  };
+
+  mog_config config{};
+  budget limit = budget::fraction(0.05);
+  double refine = 2.0;    // refined clusters hold about this many times the exact-token budget
+  double optimism = 1.0;  // priorities use this multiple of the score variance (1: the plain estimate)
+
+  template <KvView KV>
+  index build(const KV& kv) const { return mog_index::build(kv, config); }
+
+  // One selection shared by the g query heads of the group: a group's priority is the
+  // largest share of estimated mass it has for any head.
+  template <KvView KV, class Exec>
+  void select(const index& idx, const KV& kv, const query_group& q, const Exec&, selection& out, stats& st) const {
+    out.clear();
+    out.source = &idx;
+    out.heads = q.heads;
+    out.residual_groups.clear();
+    out.residual_log_mass.clear();
+    require(kv.d() == idx.d() && kv.dv() == idx.dv(), "index", "built for d = ", idx.d(), ", dv = ", idx.dv(),
+            "; the view has d = ", kv.d(), ", dv = ", kv.dv());
+    const index_t n = kv.n(), tail_begin = idx.tokens();
+    require(n >= tail_begin, "kv", "the view holds ", n, " tokens, fewer than the ", tail_begin, " the index covers");
+    const index_t b = limit.resolve(n);  // for top-p: the cap
+    const bool by_mass = limit.kind == budget::unit::mass;
+    if (idx.clusters() == 0 || (by_mass ? limit.value >= 1.0 : b >= n)) {  // all exact: dense attention
+      out.add(0, n);
+      return;
+    }
+    const index_t tail = n - tail_begin, heads = q.heads, clusters = idx.clusters();
+    index_t left = b > tail ? b - tail : 0;
+    const group_scorer scorer(idx, q, optimism);
+
+    // Clusters: estimated log-mass and priority per head.
+    scores cl = scorer.rows(0, clusters);
+    st.summary_bytes += scorer.bytes(clusters);
+
+    // Refine clusters until they hold `refine` x the budget (top-p: until they hold an
+    // estimated share p of every head, or the same token cap).
+    std::vector<char> refined(clusters, 0);
+    index_t candidates = 0, refined_tokens = 0, refined_clusters = 0;
+    const double target = refine * static_cast<double>(left);
+    std::vector<double> covered(heads, 0.0);
+    cl.take_maximin(
+        covered, [&] { return left == 0 || static_cast<double>(refined_tokens) >= target ||
+                              (by_mass && refined_tokens >= limit.floor && min_of(covered) >= limit.value); },
+        [&](index_t) { return true; },
+        [&](index_t c) {
+          refined[c] = 1;
+          ++refined_clusters;
+          refined_tokens += idx.count(c);
+          candidates += idx.first_subcluster(c + 1) - idx.first_subcluster(c);
+        });
+
+    // Subclusters of refined clusters, normalised against the refined partition.
+    std::vector<std::uint32_t> cand;
+    cand.reserve(candidates);
+    for (index_t c = 0; c < clusters; ++c)
+      if (refined[c])
+        for (index_t s = idx.first_subcluster(c); s < idx.first_subcluster(c + 1); ++s) cand.push_back(static_cast<std::uint32_t>(s));
+    scores sub = scorer.rows_of(cand, clusters);
+    st.summary_bytes += scorer.bytes(candidates) + refined_clusters * 2 * sizeof(std::uint32_t);
+    sub.normalise_with(cl, refined);
+
+    // Take subclusters while they fit the budget (top-p: until every head's estimated
+    // covered share reaches p and the floor is met).
+    std::vector<char> chosen(candidates, 0);
+    std::fill(covered.begin(), covered.end(), 0.0);
+    index_t taken = 0, chosen_count = 0;
+    sub.take_maximin(
+        covered, [&] { return left == 0 || (by_mass && taken >= limit.floor && min_of(covered) >= limit.value); },
+        [&](index_t j) { return idx.count(clusters + cand[j]) <= left; },
+        [&](index_t j) {
+          const index_t size = idx.count(clusters + cand[j]);
+          chosen[j] = 1;
+          ++chosen_count;
+          left -= size;
+          taken += size;
+        });
+
+    // Exact set: members of chosen subclusters in increasing position, then the tail.
+    std::vector<std::uint64_t> marks((tail_begin + 63) / 64, 0);
+    for (index_t j = 0; j < candidates; ++j)
+      if (chosen[j])
+        for (auto p : idx.members(cand[j])) marks[p >> 6] |= std::uint64_t{1} << (p & 63);
+    st.summary_bytes += taken * sizeof(std::uint32_t) + chosen_count * 2 * sizeof(std::uint32_t);  // positions, offsets
+    for (index_t word = 0; word < marks.size(); ++word)
+      for (std::uint64_t bits = marks[word]; bits != 0; bits &= bits - 1) {
+        const index_t p = word * 64 + static_cast<index_t>(std::countr_zero(bits));
+        out.add(p, p + 1);
+      }
+    out.add(tail_begin, n);
+
+    // Hints for the residual: every group not read exactly, with its log-mass per head.
+    for (index_t c = 0; c < clusters; ++c)
+      if (!refined[c]) out.residual_groups.push_back(static_cast<std::uint32_t>(c));
+    for (index_t j = 0; j < candidates; ++j)
+      if (!chosen[j]) out.residual_groups.push_back(static_cast<std::uint32_t>(clusters + cand[j]));
+    const index_t g = out.residual_groups.size();
+    out.residual_log_mass.resize(heads * g);
+    for (index_t h = 0; h < heads; ++h) {
+      index_t r = 0;
+      for (index_t c = 0; c < clusters; ++c)
+        if (!refined[c]) out.residual_log_mass[h * g + r++] = cl.log_mass(c, h);
+      for (index_t j = 0; j < candidates; ++j)
+        if (!chosen[j]) out.residual_log_mass[h * g + r++] = sub.log_mass(j, h);
+    }
+  }
+
+ private:
+  // Per row (group) and head: the estimated log-mass and the priority log-mass, and the
+  // per-head log of the total estimated mass that shares are taken against.
+  struct scores {
+    Eigen::MatrixXf lam, pri;     // [rows, heads]
+    Eigen::RowVectorXf log_z;     // [heads], log-sum of estimated masses of the partition
+
+    float log_mass(index_t r, index_t h) const { return lam(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(h)); }
+    void add_share(index_t r, std::vector<double>& covered) const {
+      for (index_t h = 0; h < covered.size(); ++h)
+        covered[h] += std::exp(static_cast<double>(log_mass(r, h) - log_z[static_cast<Eigen::Index>(h)]));
+    }
+    // Greedy maximin over heads: the head with the least estimated covered share takes its
+    // best remaining row (by priority) that fits, until done(). One head reduces to plain
+    // greedy by priority; several heads share one budget without one head starving.
+    template <class Done, class Fits, class Take>
+    void take_maximin(std::vector<double>& covered, Done done, Fits fits, Take take) const {
+      const auto rows = static_cast<index_t>(pri.rows()), heads = covered.size();
+      std::vector<std::vector<index_t>> order(heads, std::vector<index_t>(rows));
+      for (index_t h = 0; h < heads; ++h) {
+        auto& o = order[h];
+        std::iota(o.begin(), o.end(), index_t{0});
+        const auto col = pri.col(static_cast<Eigen::Index>(h));
+        std::sort(o.begin(), o.end(), [&](index_t a, index_t b) {
+          return col[static_cast<Eigen::Index>(a)] > col[static_cast<Eigen::Index>(b)] ||
+                 (col[static_cast<Eigen::Index>(a)] == col[static_cast<Eigen::Index>(b)] && a < b);
+        });
+      }
+      std::vector<index_t> cursor(heads, 0);
+      std::vector<char> used(rows, 0);
+      while (!done()) {
+        index_t h = heads;
+        for (index_t k = 0; k < heads; ++k)
+          if (cursor[k] < rows && (h == heads || covered[k] < covered[h])) h = k;
+        if (h == heads) return;  // every head has run out of rows that fit
+        auto& c = cursor[h];
+        while (c < rows && (used[order[h][c]] || !fits(order[h][c]))) ++c;  // what does not fit now never will
+        if (c == rows) continue;
+        const index_t r = order[h][c++];
+        used[r] = 1;
+        take(r);
+        add_share(r, covered);
+      }
+    }
+    // Totals over the partition where refined clusters are replaced by these subclusters.
+    void normalise_with(const scores& clusters, const std::vector<char>& refined) {
+      const index_t unrefined = static_cast<index_t>(std::count(refined.begin(), refined.end(), 0));
+      Eigen::MatrixXf all(static_cast<Eigen::Index>(unrefined) + lam.rows(), lam.cols());
+      Eigen::Index r = 0;
+      for (index_t c = 0; c < refined.size(); ++c)
+        if (!refined[c]) all.row(r++) = clusters.lam.row(static_cast<Eigen::Index>(c));
+      all.bottomRows(lam.rows()) = lam;
+      log_z = log_sum_exp_cols(all);
+    }
+  };
+
+  // lam = log n_g + [mean | var] . [s q | s^2 q^2 / 2]; pri the same with `optimism` x the
+  // variance term. One matrix product over the groups' summary rows for all heads.
+  class group_scorer {
+   public:
+    group_scorer(const mog_index& idx, const query_group& q, double optimism)
+        : idx_(idx), heads_(q.heads),
+          moments_(idx.moments(), static_cast<Eigen::Index>(idx.groups()), static_cast<Eigen::Index>(2 * idx.d())),
+          log_counts_(idx.log_counts(), static_cast<Eigen::Index>(idx.groups())),
+          w_(static_cast<Eigen::Index>(2 * idx.d()), static_cast<Eigen::Index>(2 * q.heads)) {
+      const index_t d = idx.d();
+      for (index_t h = 0; h < heads_; ++h)
+        for (index_t t = 0; t < d; ++t) {
+          const float sq = q.scale * q.row(h)[t];
+          const auto r = static_cast<Eigen::Index>(t), c = static_cast<Eigen::Index>(h), cp = static_cast<Eigen::Index>(heads_ + h);
+          w_(r, c) = w_(r, cp) = sq;
+          w_(static_cast<Eigen::Index>(d) + r, c) = 0.5f * sq * sq;
+          w_(static_cast<Eigen::Index>(d) + r, cp) = static_cast<float>(0.5 * optimism) * sq * sq;
+        }
+    }
+
+    // Groups [first, first + count).
+    scores rows(index_t first, index_t count) const {
+      const auto f = static_cast<Eigen::Index>(first), k = static_cast<Eigen::Index>(count);
+      Eigen::MatrixXf p = moments_.middleRows(f, k) * w_;
+      p.colwise() += log_counts_.segment(f, k);
+      return finish(std::move(p));
+    }
+
+    // Subclusters `subs` (numbered from 0; group offset `first_sub_group`), which come in
+    // runs of consecutive numbers: one product per run.
+    scores rows_of(const std::vector<std::uint32_t>& subs, index_t first_sub_group) const {
+      Eigen::MatrixXf p(static_cast<Eigen::Index>(subs.size()), w_.cols());
+      for (index_t j = 0; j < subs.size();) {
+        index_t e = j + 1;
+        while (e < subs.size() && subs[e] == subs[e - 1] + 1) ++e;
+        const auto g0 = static_cast<Eigen::Index>(first_sub_group + subs[j]), k = static_cast<Eigen::Index>(e - j);
+        p.middleRows(static_cast<Eigen::Index>(j), k).noalias() = moments_.middleRows(g0, k) * w_;
+        p.middleRows(static_cast<Eigen::Index>(j), k).colwise() += log_counts_.segment(g0, k);
+        j = e;
+      }
+      return finish(std::move(p));
+    }
+
+    // Summary bytes read to score `count` groups: mean, variance and count.
+    std::uint64_t bytes(index_t count) const { return count * (2 * idx_.d() + 1) * sizeof(float); }
+
+   private:
+    scores finish(Eigen::MatrixXf p) const {
+      scores s;
+      const auto g = static_cast<Eigen::Index>(heads_);
+      s.lam = p.leftCols(g);
+      s.pri = p.rightCols(g);
+      s.log_z = log_sum_exp_cols(s.lam);
+      return s;
+    }
+    const mog_index& idx_;
+    index_t heads_;
+    Eigen::Map<const row_matrix> moments_;
+    Eigen::Map<const Eigen::VectorXf> log_counts_;
+    Eigen::MatrixXf w_;
+  };
+
+  static Eigen::RowVectorXf log_sum_exp_cols(const Eigen::MatrixXf& lam) {
+    Eigen::RowVectorXf out(lam.cols());
+    for (Eigen::Index h = 0; h < lam.cols(); ++h) {
+      if (lam.rows() == 0) {
+        out[h] = -std::numeric_limits<float>::infinity();
+        continue;
+      }
+      const float top = lam.col(h).maxCoeff();
+      out[h] = top + std::log((lam.col(h).array() - top).exp().sum());
+    }
+    return out;
+  }
+
+  static double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+};
+
+}  // namespace floe::select

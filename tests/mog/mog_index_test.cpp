@@ -1,0 +1,232 @@
+// mog_index: the partition covers every token once, the moments are exact, outliers split
+// off, bad input is rejected naming the token, and append keeps all of this true.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+#include "mog/mog_support.hpp"
+
+using namespace floe;
+using floe::testing::random_kv;
+
+namespace {
+
+// Every token in [0, tokens()) sits in exactly one subcluster; lists increase; counts add up.
+void check_partition(const mog_index& idx) {
+  std::vector<int> seen(idx.tokens(), 0);
+  for (index_t c = 0; c < idx.clusters(); ++c) {
+    std::uint64_t in_cluster = 0;
+    REQUIRE(idx.first_subcluster(c) < idx.first_subcluster(c + 1));
+    for (index_t s = idx.first_subcluster(c); s < idx.first_subcluster(c + 1); ++s) {
+      const auto m = idx.members(s);
+      REQUIRE(!m.empty());
+      REQUIRE(idx.count(idx.clusters() + s) == m.size());
+      REQUIRE(std::is_sorted(m.begin(), m.end()));
+      for (auto p : m) {
+        REQUIRE(p < idx.tokens());
+        ++seen[p];
+      }
+      in_cluster += m.size();
+    }
+    REQUIRE(idx.count(c) == in_cluster);
+  }
+  REQUIRE(std::all_of(seen.begin(), seen.end(), [](int x) { return x == 1; }));
+}
+
+// Mean, variance and value mean of every group, recomputed from its members in double.
+template <KvView KV>
+void check_moments(const mog_index& idx, const KV& kv, double tol) {
+  auto check_group = [&](index_t g, const std::vector<std::uint32_t>& rows) {
+    for (index_t t = 0; t < kv.d(); ++t) {
+      double mean = 0, var = 0;
+      for (auto i : rows) mean += to_float(kv.key_row(i)[t]);
+      mean /= static_cast<double>(rows.size());
+      for (auto i : rows) var += std::pow(to_float(kv.key_row(i)[t]) - mean, 2);
+      var /= static_cast<double>(rows.size());
+      REQUIRE(idx.mean(g)[t] == Approx(mean).margin(tol));
+      REQUIRE(idx.variance(g)[t] == Approx(var).margin(tol));
+    }
+    for (index_t j = 0; j < kv.dv(); ++j) {
+      double nu = 0;
+      for (auto i : rows) nu += to_float(kv.value_row(i)[j]);
+      REQUIRE(idx.value_mean(g)[j] == Approx(nu / static_cast<double>(rows.size())).margin(tol));
+    }
+    REQUIRE(std::exp(idx.log_counts()[g]) == Approx(static_cast<double>(rows.size())).epsilon(1e-5));
+  };
+  for (index_t c = 0; c < idx.clusters(); ++c) {
+    std::vector<std::uint32_t> all;
+    for (index_t s = idx.first_subcluster(c); s < idx.first_subcluster(c + 1); ++s) {
+      const auto m = idx.members(s);
+      check_group(idx.clusters() + s, {m.begin(), m.end()});
+      all.insert(all.end(), m.begin(), m.end());
+    }
+    check_group(c, all);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mog_index: the partition covers every token once and the moments are exact", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(701);
+  for (auto [n, block] : {std::pair<index_t, index_t>{1, 0}, {2, 0}, {7, 0}, {300, 0}, {2500, 0}, {1500, 64}}) {
+    INFO("n " << n << " block " << block);
+    random_kv<half> kv(g, n, 32, 24, 3, block);
+    if (n > 10) floe::testing::make_clustered(kv, g, 12);
+    const auto idx = kv.paged() ? mog_index::build(kv.paged_view()) : mog_index::build(kv.view());
+    REQUIRE(idx.tokens() == n);
+    REQUIRE(idx.clusters() >= 1);
+    REQUIRE(idx.clusters() <= n);
+    check_partition(idx);
+    if (kv.paged()) check_moments(idx, kv.paged_view(), 1e-3);
+    else check_moments(idx, kv.view(), 1e-3);
+    REQUIRE(idx.bytes() >= idx.groups() * (2 * 32 + 24) * sizeof(float) + n * sizeof(std::uint32_t));
+  }
+}
+
+TEST_CASE("mog_index: sizes follow sqrt(n) and ln(n), and n smaller than the cluster count", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(702);
+  random_kv<float> kv(g, 4096, 16, 8);
+  const auto idx = mog_index::build(kv.view());
+  REQUIRE(idx.clusters() >= 50);  // round(sqrt(4096)) = 64 asked; outliers may add a few
+  REQUIRE(idx.clusters() <= 64 + 4096 / 200);
+  REQUIRE(idx.subclusters() > 4 * idx.clusters());  // ~ln(4096) = 8 per cluster
+
+  mog_config many;
+  many.clusters = 50;
+  many.subclusters = 9;
+  random_kv<float> tiny(g, 10, 16, 8);
+  const auto small = mog_index::build(tiny.view(), many);
+  REQUIRE(small.clusters() <= 10);
+  check_partition(small);
+}
+
+TEST_CASE("mog_index: duplicate and identical keys give zero-variance groups", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(703);
+  random_kv<float> kv(g, 600, 16, 8);
+  for (index_t i = 0; i < kv.n; ++i)  // 3 distinct keys, each repeated 200 times
+    std::copy_n(kv.keys.begin() + static_cast<std::ptrdiff_t>((i % 3) * 16), 16, kv.keys.begin() + static_cast<std::ptrdiff_t>(i * 16));
+  const auto dup = mog_index::build(kv.view());
+  check_partition(dup);
+  REQUIRE(dup.clusters() == 3);
+  for (index_t gr = 0; gr < dup.groups(); ++gr)
+    for (index_t t = 0; t < 16; ++t) REQUIRE(dup.variance(gr)[t] == 0.f);
+
+  for (index_t i = 0; i < kv.n; ++i) std::copy_n(kv.keys.begin(), 16, kv.keys.begin() + static_cast<std::ptrdiff_t>(i * 16));
+  const auto same = mog_index::build(kv.view());
+  check_partition(same);
+  REQUIRE(same.clusters() == 1);
+  REQUIRE(same.subclusters() == 1);
+}
+
+TEST_CASE("mog_index: NaN or Inf keys and values are rejected naming the token", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(704);
+  random_kv<half> kv(g, 500, 16, 8, 0, 32);
+  const index_t bad = 123;
+  const_cast<half*>(kv.paged_view().key_row(bad))[5] = half::from_float(std::nanf(""));
+  try {
+    (void)mog_index::build(kv.paged_view());
+    FAIL("a NaN key was accepted");
+  } catch (const floe::invalid_argument& e) {
+    REQUIRE(e.argument() == "keys");
+    REQUIRE_THAT(e.what(), Catch::Contains("token 123"));
+  }
+  const_cast<half*>(kv.paged_view().key_row(bad))[5] = half::from_float(0.f);
+  const_cast<half*>(kv.paged_view().value_row(77))[2] = half::from_float(INFINITY);
+  try {
+    (void)mog_index::build(kv.paged_view());
+    FAIL("an Inf value was accepted");
+  } catch (const floe::invalid_argument& e) {
+    REQUIRE(e.argument() == "values");
+    REQUIRE_THAT(e.what(), Catch::Contains("token 77"));
+  }
+}
+
+TEST_CASE("mog_index: a far key becomes a cluster of its own", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(705);
+  random_kv<float> kv(g, 2000, 32, 8);
+  floe::testing::make_clustered(kv, g, 8);
+  const index_t far = 1234;
+  kv.keys[far * 32 + 7] += 40.f;  // one coordinate 80 sigma out
+  const auto idx = mog_index::build(kv.view());
+  check_partition(idx);
+  bool alone = false;
+  for (index_t c = 0; c < idx.clusters(); ++c)
+    if (idx.count(c) == 1 && idx.members(idx.first_subcluster(c))[0] == far) alone = true;
+  REQUIRE(alone);
+}
+
+TEST_CASE("mog_index: the recent window stays out of the clusters", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(706);
+  random_kv<float> kv(g, 1000, 16, 8);
+  mog_config cfg;
+  cfg.window = 100;
+  const auto idx = mog_index::build(kv.view(), cfg);
+  REQUIRE(idx.tokens() == 900);
+  check_partition(idx);
+  cfg.window = 5000;  // longer than the cache: nothing clustered, everything exact
+  REQUIRE(mog_index::build(kv.view(), cfg).clusters() == 0);
+}
+
+TEST_CASE("mog_index: append keeps a tail, then joins tokens with exact moments, then re-clusters", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(707);
+  random_kv<float> kv(g, 3000, 24, 16);
+  floe::testing::make_clustered(kv, g, 10);
+  mog_config cfg;
+  cfg.tail_capacity = 64;
+  cfg.rebuild_growth = 0.5;
+  cfg.rebuild_drift = 1e9;  // only growth re-clusters here
+  auto prefix = [&](index_t n) { return kv_view<float>(kv.keys.data(), kv.values.data(), n, 24, 16); };
+  auto idx = mog_index::build(prefix(2000), cfg);
+  const auto first_generation = idx.generation();
+
+  idx.append(prefix(2063));  // 63 waiting: below the capacity, they stay in the tail
+  REQUIRE(idx.tokens() == 2000);
+  idx.append(prefix(2100));  // 100 waiting: they join clusters
+  REQUIRE(idx.tokens() == 2100);
+  REQUIRE(idx.generation() == first_generation);
+  REQUIRE(idx.appended_since_build() == 100);
+  check_partition(idx);
+  check_moments(idx, prefix(2100), 1e-3);  // Welford updates match a recomputation
+
+  idx.append(prefix(3000));  // 1000 appended >= 0.5 x 2000: re-cluster
+  REQUIRE(idx.generation() == first_generation + 1);
+  REQUIRE(idx.tokens() == 3000);
+  REQUIRE(idx.appended_since_build() == 0);
+  check_partition(idx);
+
+  REQUIRE_THROWS_AS(idx.append(prefix(2999)), floe::invalid_argument);
+}
+
+TEST_CASE("mog_index: the cross-covariance is Cov(v, k) per cluster, also after append", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(708);
+  random_kv<float> kv(g, 1200, 8, 4);
+  mog_config cfg;
+  cfg.cross_covariance = true;
+  cfg.tail_capacity = 1;
+  cfg.rebuild_growth = 10;
+  cfg.rebuild_drift = 1e9;
+  auto prefix = [&](index_t n) { return kv_view<float>(kv.keys.data(), kv.values.data(), n, 8, 4); };
+  auto idx = mog_index::build(prefix(1000), cfg);
+  idx.append(prefix(1200));
+  REQUIRE(idx.has_cross_covariance());
+  for (index_t c = 0; c < idx.clusters(); ++c) {
+    std::vector<std::uint32_t> rows;
+    for (index_t s = idx.first_subcluster(c); s < idx.first_subcluster(c + 1); ++s)
+      rows.insert(rows.end(), idx.members(s).begin(), idx.members(s).end());
+    for (index_t j = 0; j < 4; ++j)
+      for (index_t t = 0; t < 8; ++t) {
+        double cov = 0;
+        for (auto i : rows) cov += (kv.values[i * 4 + j] - idx.value_mean(c)[j]) * (kv.keys[i * 8 + t] - idx.mean(c)[t]);
+        REQUIRE(idx.cross_covariance(c)[j * 8 + t] == Approx(cov / static_cast<double>(rows.size())).margin(1e-3));
+      }
+  }
+}
