@@ -110,7 +110,7 @@ int run_generate(const llama_model& model, const bpe_tokenizer& tok, const optio
     if (produced + 1 < max_new) logits = decode_step(model, next, cache, *method, io);
   }
   const double s = seconds_since(t0);
-  std::cout << "\n";
+  std::cout << std::endl;
   std::fprintf(stderr, "%d tokens in %.2f s: %.1f tokens/s (attention: %s)\n", produced, s, produced / s,
                method->name().c_str());
   return 0;

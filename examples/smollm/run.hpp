@@ -17,10 +17,10 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Prefills `tokens` into the cache in chunks, drawing a progress bar on stderr.
-// Returns the logits of the last token (all tokens' when all_logits).
+// Prefills `tokens` into the cache in chunks, drawing a progress bar on stderr when
+// `progress`. Returns the logits of the last token (all tokens' when all_logits).
 inline matrix prefill(const llama_model& model, std::span<const int> tokens, kv_cache& cache,
-                      bool all_logits = false, int chunk = 256) {
+                      bool all_logits = false, int chunk = 256, bool progress = true) {
   const auto t0 = std::chrono::steady_clock::now();
   matrix logits, part;
   const auto attend = [&](int l, const matrix& q, const kv_cache& c, int pos0, matrix& out) {
@@ -36,12 +36,13 @@ inline matrix prefill(const llama_model& model, std::span<const int> tokens, kv_
       logits = part;
     }
     done += n;
+    if (!progress) continue;
     const int width = 40, filled = static_cast<int>(width * done / tokens.size());
     std::fprintf(stderr, "\rprefill [%.*s%*s] %zu/%zu tokens, %.1f s", filled,
                  "########################################", width - filled, "", done, tokens.size(),
                  seconds_since(t0));
   }
-  std::fprintf(stderr, "\n");
+  if (progress) std::fprintf(stderr, "\n");
   return logits;
 }
 
