@@ -58,12 +58,12 @@ class decode_attention {
                       floe::stats& io) = 0;
 };
 
-// Adapts floe::estimator<S, R> (or anything with its build/decode) running on executor E.
+// Adapts floe::estimator<S, R> or floe::any_estimator<E> (anything with their build and
+// decode) running on executor Exec.
 template <class Estimator, class Exec>
 class estimator_attention final : public decode_attention {
  public:
-  explicit estimator_attention(Estimator est, std::string label = Estimator::name())
-      : est_(std::move(est)), label_(std::move(label)) {}
+  estimator_attention(Estimator est, std::string label) : est_(std::move(est)), label_(std::move(label)) {}
 
   std::string name() const override { return label_; }
 

@@ -31,7 +31,8 @@ const char* usage =
     "  --dump-kv DIR         --text FILE --ctx N --layers L1,L2,.. [--queries Q=32]: KV dump per layer\n"
     "  --logits FILE.npy     --text FILE --tokens T [--decode]: logits [T, vocab] (and FILE.tokens.npy)\n"
     "  --tokenize FILE       [--out IDS.npy] [--chars C]: token ids of the first C characters\n"
-    "options: --attn NAME[,NAME..] (dense, streaming; default dense)  --threads N (Eigen's, default 1)\n";
+    "  --list-methods        the methods --attn takes (floe-eval's registry)\n"
+    "options: --attn NAME[,NAME..] (default dense)  --threads N (Eigen's, default 1)\n";
 
 struct options {
   std::map<std::string, std::string> values;
@@ -55,7 +56,7 @@ struct options {
 };
 
 options parse(int argc, char** argv) {
-  static const char* flags[] = {"--chat", "--decode"};
+  static const char* flags[] = {"--chat", "--decode", "--list-methods"};
   options o;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -93,8 +94,7 @@ int run_generate(const llama_model& model, const bpe_tokenizer& tok, const optio
   if (o.has("--chat")) prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
   const std::vector<int> ids = tok.encode(prompt);
   const int max_new = static_cast<int>(o.integer("--max-new", 48));
-  auto method = make_attention(split(o.get("--attn", "dense"), ',').at(0), std::stod(o.get("--budget", "0.1")),
-                               static_cast<int>(ids.size()));
+  auto method = make_attention(split(o.get("--attn", "dense"), ',').at(0), std::stod(o.get("--budget", "0.1")));
   kv_cache cache(model.config(), static_cast<int>(ids.size()) + max_new);
   matrix logits = prefill(model, ids, cache);
   method->build(model.config(), cache);
@@ -143,7 +143,7 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
   std::printf("%-34s %7s %11s %9s %11s %12s %10s\n", "method", "budget", "perplexity", "nll", "keys read",
               "bytes read", "tokens/s");
   for (const auto& [name, budget] : runs) {
-    auto method = make_attention(name, budget, ctx);
+    auto method = make_attention(name, budget);
     cache = after_prefill;
     method->build(model.config(), cache);
     floe::stats io;
@@ -210,7 +210,7 @@ int run_dump(const llama_model& model, const bpe_tokenizer& tok, const options& 
     queries[l].assign(static_cast<std::size_t>(c.n_head) * nq * hd, 0.f);
   }
 
-  auto dense = make_attention("dense", 1.0, ctx);
+  auto dense = make_attention("dense", 1.0);
   dense->build(c, cache);
   floe::stats io;
   for (int t = 0; t < nq; ++t) {
@@ -254,7 +254,7 @@ int run_logits(const llama_model& model, const bpe_tokenizer& tok, const options
   matrix logits;
   if (o.has("--decode")) {  // token 0 by prefill, every later one by a decode step through floe
     logits = prefill(model, std::span<const int>(ids.data(), 1), cache);
-    auto dense = make_attention("dense", 1.0, 1);
+    auto dense = make_attention("dense", 1.0);
     dense->build(model.config(), cache);
     floe::stats io;
     logits.conservativeResize(static_cast<Eigen::Index>(T), logits.cols());
@@ -288,6 +288,10 @@ int run_tokenize(const bpe_tokenizer& tok, const options& o) {
 int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
+    if (o.has("--list-methods")) {
+      for (const auto& m : decode_methods()) std::cout << m.name << ": " << m.description << "\n";
+      return 0;
+    }
     if (o.has("--help") || argc == 1) {
       std::cout << usage;
       return 0;
