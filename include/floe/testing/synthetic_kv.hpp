@@ -112,13 +112,13 @@ inline query_profile profile_of(index_t query_head, double x) {  // x in [0, 1):
       return {.role = r::retrieval, .sink = 8 + 4 * x, .topic = 3, .salient = 5, .needle = 14 + 8 * x, .recency = 1,
               .noise = 0.8, .earlier_topic = true, .needle_rate = 0.35};
     case r::local:
-      return {.role = r::local, .sink = 10 + 4 * x, .topic = 2, .salient = 5, .recency = 6 + 5 * x, .noise = 1.0};
+      return {.role = r::local, .sink = 8 + 4 * x, .topic = 2, .salient = 5, .recency = 6 + 5 * x, .noise = 1.0};
     case r::topical:
       return {.role = r::topical, .sink = 9 + 5 * x, .topic = 4 + 5 * x, .salient = 5.5, .recency = 1, .noise = 1.2,
               .earlier_topic = true};
-    case r::sink: return {.role = r::sink, .sink = 11 + 6 * x, .topic = 1.5, .salient = 6, .recency = 2, .noise = 1.5};
+    case r::sink: return {.role = r::sink, .sink = 9 + 5 * x, .topic = 1.5, .salient = 6, .recency = 2, .noise = 1.5};
     case r::diffuse:
-      return {.role = r::diffuse, .sink = 6 + 6 * x, .topic = 1 + 2 * x, .salient = 2 + 4 * x, .recency = 0.5,
+      return {.role = r::diffuse, .sink = 4 + 6 * x, .topic = 1 + 2 * x, .salient = 2 + 4 * x, .recency = 0.5,
               .noise = 0.6 + 1.2 * x};
   }
   return {.role = r::diffuse};
