@@ -12,9 +12,10 @@ using floe::testing::random_kv;
 
 namespace {
 
-// Every token in [0, tokens()) sits in exactly one subcluster; lists increase; counts add up.
+// Every token in [sinks(), tokens()) sits in exactly one subcluster; lists increase; counts add up.
 void check_partition(const mog_index& idx) {
   std::vector<int> seen(idx.tokens(), 0);
+  std::fill_n(seen.begin(), idx.sinks(), 1);  // sinks are exact, in no cluster
   for (index_t c = 0; c < idx.clusters(); ++c) {
     std::uint64_t in_cluster = 0;
     REQUIRE(idx.first_subcluster(c) < idx.first_subcluster(c + 1));
@@ -25,6 +26,7 @@ void check_partition(const mog_index& idx) {
       REQUIRE(std::is_sorted(m.begin(), m.end()));
       for (auto p : m) {
         REQUIRE(p < idx.tokens());
+        REQUIRE(p >= idx.sinks());
         ++seen[p];
       }
       in_cluster += m.size();
@@ -76,7 +78,8 @@ TEST_CASE("mog_index: the partition covers every token once and the moments are 
     if (n > 10) floe::testing::make_clustered(kv, g, 12);
     const auto idx = kv.paged() ? mog_index::build(kv.paged_view()) : mog_index::build(kv.view());
     REQUIRE(idx.tokens() == n);
-    REQUIRE(idx.clusters() >= 1);
+    REQUIRE(idx.sinks() == std::min<index_t>(n, 4));
+    REQUIRE((idx.clusters() >= 1) == (n > 4));
     REQUIRE(idx.clusters() <= n);
     check_partition(idx);
     if (kv.paged()) check_moments(idx, kv.paged_view(), 1e-3);

@@ -28,7 +28,8 @@ struct mog_config {
   double rebuild_growth = 0.5;    // re-cluster once appended tokens reach this fraction of those clustered at build
   double rebuild_drift = 2.0;     // ... or once they lie this many times farther from their centroids (mean squared)
   index_t rebuild_min_tokens = 1024;  // the drift test needs this many appended tokens to be meaningful
-  index_t window = 0;             // the most recent tokens are never clustered, always exact
+  index_t sinks = 4;              // the first tokens (attention sinks) are never clustered, always exact
+  index_t window = 0;             // nor are the most recent ones
   double outlier_sigma = 8.0;     // a key whose squared Mahalanobis distance exceeds d + sigma sqrt(2d)...
   double outlier_fraction = 0.005;  // ... becomes a cluster of its own, for at most this fraction of tokens
   bool cross_covariance = false;  // keep Cov(v, k) per cluster: dv x d floats each
@@ -84,7 +85,8 @@ class mog_index {
   // Shape.
   index_t d() const { return d_; }
   index_t dv() const { return dv_; }
-  index_t tokens() const { return n_; }  // tokens in clusters; later ones form the exact tail
+  index_t tokens() const { return n_; }      // tokens indexed; later ones form the exact tail
+  index_t sinks() const { return sinks_; }   // tokens [0, sinks()) are exact, the rest of [0, tokens()) clustered
   index_t clusters() const { return clusters_; }
   index_t subclusters() const { return subclusters_; }
   index_t groups() const { return clusters_ + subclusters_; }  // cluster c is group c, subcluster s is group clusters()+s
@@ -105,12 +107,18 @@ class mog_index {
     return {members_.data() + member_begin_[s], member_begin_[s + 1] - member_begin_[s]};
   }
 
-  // Position p of the clustered order holds token clustered_order()[p]: an engine that
-  // copies its cache rows into this order and then calls adopt_clustered_order() gets every
-  // subcluster as one contiguous range (docs/methods/mog.md, "layout").
-  const std::vector<std::uint32_t>& clustered_order() const { return members_; }
+  // Row p of the clustered order holds token clustered_order()[p] (sinks first): an engine
+  // that copies the first tokens() rows of its cache into this order and then calls
+  // adopt_clustered_order() gets every subcluster as one contiguous range
+  // (docs/methods/mog.md, "layout"). A later re-clustering returns to per-token ranges.
+  std::vector<std::uint32_t> clustered_order() const {
+    std::vector<std::uint32_t> order(sinks_);
+    for (index_t p = 0; p < sinks_; ++p) order[p] = static_cast<std::uint32_t>(p);
+    order.insert(order.end(), members_.begin(), members_.end());
+    return order;
+  }
   void adopt_clustered_order() {
-    for (index_t p = 0; p < members_.size(); ++p) members_[p] = static_cast<std::uint32_t>(p);
+    for (index_t p = 0; p < members_.size(); ++p) members_[p] = static_cast<std::uint32_t>(sinks_ + p);
   }
 
   const mog_config& config() const { return cfg_; }
@@ -154,9 +162,11 @@ class mog_index {
     d_ = kv.d();
     dv_ = kv.dv();
     const index_t n = kv.n() > cfg_.window ? kv.n() - cfg_.window : 0;  // the last `window` tokens stay exact
+    sinks_ = std::min(cfg_.sinks, n);
     const row_matrix keys = read_keys(kv, 0, kv.n());
     check_values(kv, 0, kv.n());
-    layout(n ? partition(keys.topRows(static_cast<Eigen::Index>(n)), parallel_for) : std::vector<cluster_members>{});
+    const auto middle = keys.middleRows(static_cast<Eigen::Index>(sinks_), static_cast<Eigen::Index>(n - sinks_));
+    layout(n > sinks_ ? partition(middle, parallel_for) : std::vector<cluster_members>{}, sinks_);
     n_ = n;
     compute_moments(kv, keys, parallel_for);
     n_at_build_ = n;
@@ -236,7 +246,7 @@ class mog_index {
   }
 
   // CSR layout of a partition: clusters, their subclusters, their members.
-  void layout(const std::vector<cluster_members>& parts) {
+  void layout(const std::vector<cluster_members>& parts, index_t offset) {
     clusters_ = parts.size();
     sub_begin_.assign(clusters_ + 1, 0);
     for (index_t c = 0; c < clusters_; ++c) sub_begin_[c + 1] = static_cast<std::uint32_t>(sub_begin_[c] + parts[c].size());
@@ -244,7 +254,8 @@ class mog_index {
     member_begin_.assign(subclusters_ + 1, 0);
     members_.clear();
     for (const auto& cl : parts)
-      for (const auto& sub : cl) members_.insert(members_.end(), sub.begin(), sub.end());
+      for (const auto& sub : cl)
+        for (auto p : sub) members_.push_back(static_cast<std::uint32_t>(p + offset));
     index_t s = 0;
     for (const auto& cl : parts)
       for (const auto& sub : cl) {
@@ -296,7 +307,7 @@ class mog_index {
       set_group(c, static_cast<index_t>(total), mean, m2, sub_vsum.middleCols(s0, ns).rowwise().sum());
       built_mean_sq_dist_ += m2.sum();
     }
-    built_mean_sq_dist_ /= static_cast<double>(std::max<index_t>(n_, 1));
+    built_mean_sq_dist_ /= static_cast<double>(std::max<index_t>(n_ - sinks_, 1));
 
     cross_cov_.clear();
     if (!cfg_.cross_covariance) return;
@@ -413,7 +424,7 @@ class mog_index {
   }
 
   mog_config cfg_{};
-  index_t d_ = 0, dv_ = 0, n_ = 0, clusters_ = 0, subclusters_ = 0;
+  index_t d_ = 0, dv_ = 0, n_ = 0, sinks_ = 0, clusters_ = 0, subclusters_ = 0;
   std::vector<float> moments_;            // [groups, 2d]: key mean | key variance
   std::vector<float> value_means_;        // [groups, dv]
   std::vector<float> log_counts_;         // [groups]

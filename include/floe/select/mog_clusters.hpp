@@ -62,8 +62,8 @@ struct mog_clusters {
       out.add(0, n);
       return;
     }
-    const index_t tail = n - tail_begin, heads = q.heads, clusters = idx.clusters();
-    index_t left = b > tail ? b - tail : 0;
+    const index_t always = idx.sinks() + (n - tail_begin), heads = q.heads, clusters = idx.clusters();
+    index_t left = b > always ? b - always : 0;  // sinks and tail are exact whatever the budget
     const group_scorer scorer(idx, q, optimism);
 
     // Clusters: estimated log-mass and priority per head.
@@ -113,12 +113,13 @@ struct mog_clusters {
           taken += size;
         });
 
-    // Exact set: members of chosen subclusters in increasing position, then the tail.
+    // Exact set: sinks, members of chosen subclusters in increasing position, the tail.
     std::vector<std::uint64_t> marks((tail_begin + 63) / 64, 0);
     for (index_t j = 0; j < candidates; ++j)
       if (chosen[j])
         for (auto p : idx.members(cand[j])) marks[p >> 6] |= std::uint64_t{1} << (p & 63);
     st.summary_bytes += taken * sizeof(std::uint32_t) + chosen_count * 2 * sizeof(std::uint32_t);  // positions, offsets
+    out.add(0, idx.sinks());
     for (index_t word = 0; word < marks.size(); ++word)
       for (std::uint64_t bits = marks[word]; bits != 0; bits &= bits - 1) {
         const index_t p = word * 64 + static_cast<index_t>(std::countr_zero(bits));
