@@ -14,6 +14,7 @@ inline auto full_budget_estimators() {
       [](index_t) { return estimator<select::dense, residual::none>{}; },
       [](index_t n) { return estimator<select::streaming, residual::none>({4, n}, {}); },
       [](index_t n) { return estimator<select::streaming, residual::none>({n, 0}, {}); },
+      [](index_t n) { return estimator<select::oracle_topk, residual::none>({n}, {}); },
   };
 }
 
