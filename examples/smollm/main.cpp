@@ -101,6 +101,7 @@ int run_generate(const llama_model& model, const bpe_tokenizer& tok, const optio
   std::cout << o.get("--generate") << std::flush;
   floe::stats io;
   const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_seconds();
   int produced = 0;
   for (; produced < max_new; ++produced) {
     const int next = argmax(logits);
@@ -109,10 +110,10 @@ int run_generate(const llama_model& model, const bpe_tokenizer& tok, const optio
     std::cout << piece << std::flush;
     if (produced + 1 < max_new) logits = decode_step(model, next, cache, *method, io);
   }
-  const double s = seconds_since(t0);
+  const double s = seconds_since(t0), cpu = cpu_seconds() - c0;
   std::cout << std::endl;
-  std::fprintf(stderr, "%d tokens in %.2f s: %.1f tokens/s (attention: %s)\n", produced, s, produced / s,
-               method->name().c_str());
+  std::fprintf(stderr, "%d tokens in %.2f s: %.1f tokens/s, %.1f per CPU s (attention: %s)\n", produced, s,
+               produced / s, produced / cpu, method->name().c_str());
   return 0;
 }
 
@@ -133,15 +134,17 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
 
   kv_cache cache(model.config(), ctx + eval);
   const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_seconds();
   prefill(model, std::span<const int>(ids.data(), static_cast<std::size_t>(ctx)), cache);
-  const double prefill_s = seconds_since(t0);
+  const double prefill_s = seconds_since(t0), prefill_cpu = cpu_seconds() - c0;
   const kv_cache after_prefill = cache;
 
-  std::printf("perplexity of %s: %zu tokens; prefill %d tokens in %.1f s (%.0f tokens/s); %d teacher-forced "
-              "decode steps\n",
-              std::filesystem::path(path).filename().c_str(), ids.size(), ctx, prefill_s, ctx / prefill_s, eval);
-  std::printf("%-34s %7s %11s %9s %11s %12s %10s\n", "method", "budget", "perplexity", "nll", "keys read",
-              "bytes read", "tokens/s");
+  std::printf("perplexity of %s: %zu tokens; prefill %d tokens in %.1f s, %.1f CPU s (%.0f tokens/s, %.0f per "
+              "CPU s); %d teacher-forced decode steps\n",
+              std::filesystem::path(path).filename().c_str(), ids.size(), ctx, prefill_s, prefill_cpu, ctx / prefill_s,
+              ctx / prefill_cpu, eval);
+  std::printf("%-14s %7s %11s %9s %11s %12s %10s %10s\n", "method", "budget", "perplexity", "nll", "keys read",
+              "bytes read", "tokens/s", "tok/cpu-s");
   for (const auto& [name, budget] : runs) {
     auto method = make_attention(name, budget);
     cache = after_prefill;
@@ -149,18 +152,20 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
     floe::stats io;
     double nll = 0;
     const auto t1 = std::chrono::steady_clock::now();
+    const double c1 = cpu_seconds();
     for (int t = 0; t < eval; ++t) {
       const matrix logits = decode_step(model, ids[static_cast<std::size_t>(ctx + t)], cache, *method, io);
       nll += negative_log_likelihood(logits, ids[static_cast<std::size_t>(ctx + t + 1)]);
       if ((t + 1) % 32 == 0 || t + 1 == eval) std::fprintf(stderr, "\r%s: decode %d/%d", name.c_str(), t + 1, eval);
     }
     std::fprintf(stderr, "\n");
-    const double s = seconds_since(t1);
+    const double s = seconds_since(t1), cpu = cpu_seconds() - c1;
     const double dense_bytes = static_cast<double>(io.tokens_total) * model.config().head_dim * 2 * sizeof(float);
-    std::printf("%-34s %7s %11.3f %9.4f %10.2f%% %11.2f%% %10.2f\n", method->name().c_str(),
+    std::printf("%-14s %7s %11.3f %9.4f %10.2f%% %11.2f%% %10.2f %10.2f\n", method->name().c_str(),
                 name == "dense" ? "-" : std::to_string(budget).substr(0, 5).c_str(), std::exp(nll / eval),
                 nll / eval, 100.0 * static_cast<double>(io.tokens_read) / static_cast<double>(io.tokens_total),
-                100.0 * static_cast<double>(io.bytes_read()) / dense_bytes, eval / s);
+                100.0 * static_cast<double>(io.bytes_read()) / dense_bytes, eval / s, eval / cpu);
+    std::fflush(stdout);
   }
   return 0;
 }

@@ -25,10 +25,8 @@ inline const std::vector<floe::eval::method_entry<decode_exec>>& decode_methods(
 inline std::unique_ptr<decode_attention> make_attention(const std::string& name, double budget) {
   floe::require(budget > 0 && budget <= 1, "budget", "must be in (0, 1], got ", budget);
   const auto& entry = floe::eval::find_method(decode_methods(), name, "attn");
-  std::string label = name;
-  if (entry.uses_budget) label += " @ " + std::to_string(budget).substr(0, 5);
   return std::make_unique<estimator_attention<floe::any_estimator<decode_exec>, decode_exec>>(
-      entry.make(floe::budget::fraction(budget)), label);
+      entry.make(floe::budget::fraction(budget)), name);
 }
 
 }  // namespace smollm

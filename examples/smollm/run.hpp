@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <span>
 #include <vector>
@@ -16,6 +17,10 @@ namespace smollm {
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// CPU seconds of this process: on a shared machine, single-threaded speed is tokens per
+// CPU second (wall-clock time also counts waiting for the core).
+inline double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 // Prefills `tokens` into the cache in chunks, drawing a progress bar on stderr when
 // `progress`. Returns the logits of the last token (all tokens' when all_logits).
