@@ -1,0 +1,262 @@
+// Decode attention speed of floe::exec::simd and of the scalar reference, dense and
+// gathered, as bytes read per second and as a fraction of the machine's read bandwidth
+// measured in the same run (docs/benchmarks.md).
+//
+//   decode_bench [--benchmark_format=json] [--benchmark_filter=...]
+//   FLOE_BENCH_STREAM_MIB=1024       buffer of the streaming-read measurement
+//   FLOE_BENCH_WORKING_SET_MIB=1024  KV copies rotated per iteration (a cold cache, as in a
+//                                    model whose other layers evict this one between steps)
+//   FLOE_SIMD_ARCH=avx512|avx2|scalar
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "floe/exec/scalar.hpp"
+#include "floe/exec/simd.hpp"
+#include "stream_read.hpp"
+
+namespace {
+
+using floe::index_t;
+using floe::token_range;
+
+// Joins the parts of a name (GCC 12 warns falsely on chains of std::string operator+).
+template <class... Parts>
+std::string join(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+
+struct shape_config {
+  index_t d, q_heads, kv_heads;
+  std::string name() const { return join("d", d, "_hq", q_heads, "_hkv", kv_heads); }
+};
+
+enum class executor_kind { simd, scalar };
+enum class access_kind { dense, gathered, paged16 };  // gathered: 64-token ranges covering 5% of N
+
+std::size_t env_mib(const char* name, std::size_t fallback) {
+  const char* v = std::getenv(name);
+  return (v && *v ? std::strtoull(v, nullptr, 10) : fallback) << 20;
+}
+
+std::map<index_t, double> stream_gbps;  // threads -> median streaming-read GB/s of this run
+
+// KV caches of one batch-1 decode step (Hkv heads of N tokens), in `copies` independent
+// copies so that rotating through them keeps the working set far above the LLC.
+template <class T>
+struct kv_set {
+  shape_config shape;
+  index_t n, copies;
+  std::vector<T> storage;                   // [copy][head][keys n*d | values n*d]
+  std::vector<std::int32_t> table;          // a shuffled block table (16-token blocks)
+  std::vector<std::vector<token_range>> exact;  // per head: the gathered selection
+  std::vector<float> queries, outputs;      // [copy][Hq][d]
+
+  kv_set(shape_config s, index_t n_) : shape(s), n(n_) {
+    const std::size_t head_elems = 2 * n * s.d, copy_elems = head_elems * s.kv_heads;
+    copies = std::max<std::size_t>(2, (env_mib("FLOE_BENCH_WORKING_SET_MIB", 1024) + copy_elems * sizeof(T) - 1) /
+                                          (copy_elems * sizeof(T)));
+    storage.resize(copy_elems * copies);
+    std::mt19937_64 g(42);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<T> pattern(1 << 19);  // random values, repeated: speed does not depend on them
+    for (auto& x : pattern) x = floe::from_float<T>(normal(g));
+    for (std::size_t i = 0; i < storage.size(); i += pattern.size())
+      std::memcpy(storage.data() + i, pattern.data(), std::min(pattern.size(), storage.size() - i) * sizeof(T));
+    table.resize(n / 16);
+    for (index_t b = 0; b < table.size(); ++b) table[b] = static_cast<std::int32_t>(b);
+    std::shuffle(table.begin(), table.end(), g);
+    const index_t slots = n / 64, chosen = std::max<index_t>(1, (n / 20 + 32) / 64);
+    for (index_t h = 0; h < s.kv_heads; ++h) {
+      std::vector<index_t> ids(slots);
+      for (index_t i = 0; i < slots; ++i) ids[i] = i;
+      std::shuffle(ids.begin(), ids.end(), g);
+      ids.resize(chosen);
+      std::sort(ids.begin(), ids.end());
+      exact.emplace_back();
+      for (index_t id : ids) exact.back().push_back({id * 64, id * 64 + 64});
+    }
+    queries.resize(copies * s.q_heads * s.d);
+    for (auto& x : queries) x = normal(g);
+    outputs.resize(copies * s.q_heads * s.d);
+  }
+
+  const T* keys(index_t copy, index_t head) const { return storage.data() + (copy * shape.kv_heads + head) * 2 * n * shape.d; }
+  const T* values(index_t copy, index_t head) const { return keys(copy, head) + n * shape.d; }
+};
+
+// One cached kv_set: consecutive cases of one (shape, N, type) share it.
+template <class T>
+const kv_set<T>& cached_kv_set(shape_config s, index_t n) {
+  static std::string key;
+  static std::shared_ptr<void> held;
+  const std::string want = join(s.name(), "/", n, "/", floe::element_name<T>());
+  if (key != want) {
+    held.reset();  // free the previous set first
+    held = std::make_shared<kv_set<T>>(s, n);
+    key = want;
+  }
+  return *static_cast<const kv_set<T>*>(held.get());
+}
+
+template <class KV>
+struct batch_views {
+  std::vector<std::vector<KV>> heads;                   // [copy][head]
+  std::vector<std::vector<floe::sequence<KV>>> batch;   // [copy] -> one sequence
+};
+
+template <class T>
+batch_views<floe::kv_view<T>> contiguous_views(const kv_set<T>& set) {
+  batch_views<floe::kv_view<T>> v;
+  for (index_t c = 0; c < set.copies; ++c) {
+    v.heads.emplace_back();
+    for (index_t h = 0; h < set.shape.kv_heads; ++h)
+      v.heads.back().emplace_back(set.keys(c, h), set.values(c, h), set.n, set.shape.d, set.shape.d);
+  }
+  return v;
+}
+
+template <class T>
+batch_views<floe::paged_kv_view<T>> paged_views(const kv_set<T>& set) {
+  batch_views<floe::paged_kv_view<T>> v;
+  for (index_t c = 0; c < set.copies; ++c) {
+    v.heads.emplace_back();
+    for (index_t h = 0; h < set.shape.kv_heads; ++h)
+      v.heads.back().emplace_back(set.keys(c, h), set.values(c, h), set.n / 16, 16, set.table, set.n, set.shape.d,
+                                  set.shape.d);
+  }
+  return v;
+}
+
+template <class T, class KV>
+void fill_batches(const kv_set<T>& set, batch_views<KV>& v) {
+  auto& mutable_set = const_cast<kv_set<T>&>(set);  // outputs are scratch
+  for (index_t c = 0; c < set.copies; ++c)
+    v.batch.push_back({{v.heads[c], set.queries.data() + c * set.shape.q_heads * set.shape.d,
+                        mutable_set.outputs.data() + c * set.shape.q_heads * set.shape.d}});
+}
+
+// The scalar reference over the batch: one partial per GQA group, groups over threads.
+template <class KV>
+void scalar_decode(const floe::sequence<KV>& seq, const shape_config& s, float scale,
+                   const std::vector<std::vector<token_range>>* exact, floe::thread_pool& pool) {
+  const index_t g = s.q_heads / s.kv_heads;
+  pool.parallel_for(s.kv_heads, [&](index_t h) {
+    const KV& kv = seq.kv_heads[h];
+    const floe::query_group q{seq.queries + h * g * s.d, g, s.d, 0, scale};
+    const std::vector<token_range> all{{0, kv.n()}};
+    floe::partial_set<double> p(g, s.d);
+    floe::exec::scalar{}.attend(kv, q, exact ? (*exact)[h] : all, p);
+    p.finalize(floe::output_group<float>{seq.out + h * g * s.d, g, s.d, 0});
+  });
+}
+
+template <class T>
+void bm_decode(benchmark::State& state, shape_config s, index_t n, executor_kind exec_kind, access_kind access,
+               index_t threads) {
+  const kv_set<T>& set = cached_kv_set<T>(s, n);
+  floe::thread_pool pool(threads);
+  const floe::exec::simd simd(pool);
+  const float scale = 1.f / std::sqrt(static_cast<float>(s.d));
+  const index_t tokens = access == access_kind::gathered ? set.exact[0].size() * 64 : n;
+  const auto exact = access == access_kind::gathered ? &set.exact : nullptr;
+  auto run = [&](auto& views) {
+    fill_batches(set, views);
+    index_t copy = 0;
+    for (auto _ : state) {
+      const auto& seq = views.batch[copy];
+      if (exec_kind == executor_kind::scalar) {
+        scalar_decode(seq[0], s, scale, exact, pool);
+      } else {
+        using seq_t = std::decay_t<decltype(seq[0])>;
+        if (exact) simd.decode_gathered(std::span<const seq_t>(seq), {s.q_heads, s.kv_heads}, scale, *exact);
+        else simd.decode(std::span<const seq_t>(seq), {s.q_heads, s.kv_heads}, scale);
+      }
+      benchmark::DoNotOptimize(seq[0].out[0]);
+      benchmark::ClobberMemory();
+      copy = (copy + 1) % set.copies;
+    }
+  };
+  if (access == access_kind::paged16) {
+    auto views = paged_views(set);
+    run(views);
+  } else {
+    auto views = contiguous_views(set);
+    run(views);
+  }
+  const double bytes = static_cast<double>(s.kv_heads * tokens * 2 * s.d * sizeof(T));
+  state.counters["bytes"] = bytes;
+  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bw_fraction"] =
+      benchmark::Counter(bytes * 1e-9 / stream_gbps[threads], benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["stream_GB/s"] = stream_gbps[threads];
+  state.counters["copies"] = static_cast<double>(set.copies);
+  state.SetLabel(exec_kind == executor_kind::simd ? std::string(floe::simd_arch_name(simd.arch())) : "double");
+}
+
+void bm_stream_read(benchmark::State& state, index_t threads) {
+  floe::thread_pool pool(threads);
+  floe::bench::stream_result r;
+  for (auto _ : state) r = floe::bench::measure_stream_read(pool, env_mib("FLOE_BENCH_STREAM_MIB", 1024), 5);
+  state.counters["GB/s"] = r.median_gbps;
+  state.counters["best_GB/s"] = r.best_gbps;
+  state.counters["bytes"] = static_cast<double>(r.bytes);
+}
+
+template <class T>
+void register_cases(shape_config s, index_t n) {
+  const std::string tail = join("/", floe::element_name<T>(), "/", s.name(), "/N:", n);
+  const std::pair<const char*, access_kind> accesses[] = {
+      {"dense", access_kind::dense}, {"gathered", access_kind::gathered}, {"paged16", access_kind::paged16}};
+  for (const auto& [access_name, access] : accesses)
+    for (const auto exec_kind : {executor_kind::simd, executor_kind::scalar}) {
+      if (exec_kind == executor_kind::scalar && access == access_kind::paged16) continue;
+      for (index_t threads : {1, 2}) {
+        const std::string name = join("decode/", exec_kind == executor_kind::simd ? "simd/" : "scalar/", access_name,
+                                      tail, "/threads:", threads);
+        benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+          bm_decode<T>(st, s, n, exec_kind, access, threads);
+        })->UseRealTime()->Unit(benchmark::kMillisecond);
+      }
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  for (index_t threads : {1, 2}) {
+    floe::thread_pool pool(threads);
+    const auto r = floe::bench::measure_stream_read(pool, env_mib("FLOE_BENCH_STREAM_MIB", 1024), 7);
+    stream_gbps[threads] = r.median_gbps;
+    std::fprintf(stderr, "streaming read, %zu thread(s), %zu MiB: median %.2f GB/s, best %.2f GB/s\n",
+                 static_cast<std::size_t>(threads), r.bytes >> 20, r.median_gbps, r.best_gbps);
+    benchmark::RegisterBenchmark(join("stream_read/threads:", threads).c_str(),
+                                 [threads](benchmark::State& st) { bm_stream_read(st, threads); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(1);
+  }
+  for (const shape_config s : {shape_config{128, 32, 8}, shape_config{64, 9, 3}})
+    for (index_t n : {4096, 32768, 131072}) {
+      register_cases<floe::half>(s, n);
+      register_cases<floe::bfloat16>(s, n);
+    }
+  benchmark::AddCustomContext("floe_simd_arch", std::string(floe::simd_arch_name(floe::exec::simd().arch())));
+  for (const auto& [threads, gbps] : stream_gbps)
+    benchmark::AddCustomContext(join("stream_read_gbps_threads_", threads), join(gbps));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,93 @@
+#include "stream_read.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace floe::bench {
+
+namespace {
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) std::uint64_t sum_avx512(const std::uint64_t* p, std::size_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
+    a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 8));
+    a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 16));
+    a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 24));
+  }
+  alignas(64) std::uint64_t lanes[8];
+  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  std::uint64_t s = 0;
+  for (auto x : lanes) s += x;
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+__attribute__((target("avx2"))) std::uint64_t sum_avx2(const std::uint64_t* p, std::size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
+  }
+  alignas(32) std::uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  std::uint64_t s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+#endif
+
+std::uint64_t sum_plain(const std::uint64_t* p, std::size_t n) {
+  std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) s0 += p[i], s1 += p[i + 1], s2 += p[i + 2], s3 += p[i + 3];
+  for (; i < n; ++i) s0 += p[i];
+  return s0 + s1 + s2 + s3;
+}
+
+}  // namespace
+
+std::uint64_t stream_sum(const std::uint64_t* words, std::size_t count) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return sum_avx512(words, count);
+  if (__builtin_cpu_supports("avx2")) return sum_avx2(words, count);
+#endif
+  return sum_plain(words, count);
+}
+
+stream_result measure_stream_read(thread_pool& pool, std::size_t bytes, int repetitions) {
+  const std::size_t threads = pool.size();
+  const std::size_t per_thread = bytes / threads / 64 * 8;  // words, whole cache lines
+  const std::size_t words = per_thread * threads;
+  std::unique_ptr<std::uint64_t[]> buffer(new std::uint64_t[words]);
+  for (std::size_t i = 0; i < words; ++i) buffer[i] = i;
+  std::vector<std::uint64_t> sums(threads);
+  auto pass = [&] {
+    pool.parallel_for(threads, [&](index_t t) { sums[t] = stream_sum(buffer.get() + t * per_thread, per_thread); });
+  };
+  pass();
+  std::vector<double> gbps;
+  for (int r = 0; r < repetitions; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pass();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    gbps.push_back(static_cast<double>(words * 8) / s * 1e-9);
+  }
+  volatile std::uint64_t sink = 0;  // keep the sums alive
+  for (auto x : sums) sink = sink + x;
+  std::sort(gbps.begin(), gbps.end());
+  return {gbps[gbps.size() / 2], gbps.back(), words * 8};
+}
+
+}  // namespace floe::bench

@@ -1,0 +1,250 @@
+// floe::exec::simd — the CPU SIMD executor: fp32-accumulating online-softmax decode over
+// fp32 / fp16 / bf16 KV, one pass over a KV head for all query heads of its GQA group,
+// split-K over N with partial merges, threads through a parallel_for hook, and kernels
+// chosen at run time among those compiled into floe::simd (link floe::simd).
+// docs/simd-executor.md.
+#pragma once
+
+#include <algorithm>
+#include <limits>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "floe/core/batch.hpp"
+#include "floe/core/concepts.hpp"
+#include "floe/exec/parallel.hpp"
+#include "floe/exec/simd/arch.hpp"
+#include "floe/exec/simd/kernel_api.hpp"
+#include "floe/exec/simd/work_split.hpp"
+#include "floe/exec/thread_pool.hpp"
+
+namespace floe::exec {
+
+struct simd_options {
+  simd_arch arch = simd_arch::automatic;      // automatic: FLOE_SIMD_ARCH if set, else the best
+  parallel_for_fn parallel_for = serial_for;  // the engine's threads, or thread_pool::hook()
+  index_t concurrency = 1;                    // bodies parallel_for runs at once; 1 disables split-K
+  index_t min_split_tokens = 2048;            // split-K never makes a piece shorter than this
+};
+
+class simd {
+ public:
+  using accumulator = float;
+  static constexpr std::string_view name = "simd";
+
+  simd() : simd(simd_options{}) {}
+  explicit simd(simd_options options)
+      : opt_(std::move(options)), kernels_(simd_detail::compiled_kernels(resolve_simd_arch(opt_.arch))) {
+    require(static_cast<bool>(opt_.parallel_for), "parallel_for", "is an empty function");
+    require(opt_.concurrency >= 1, "concurrency", "must be at least 1, got ", opt_.concurrency);
+    require(opt_.min_split_tokens >= 1, "min_split_tokens", "must be at least 1");
+  }
+  // Runs on `pool` (which must outlive the executor), splitting work for pool.size() threads.
+  explicit simd(thread_pool& pool, simd_arch arch = simd_arch::automatic)
+      : simd(simd_options{arch, pool.hook(), pool.size()}) {}
+
+  simd_arch arch() const { return kernels_->target; }
+  const simd_options& options() const { return opt_; }
+
+  // z[i - r.begin] = scale * q_head . k_i for i in r.
+  template <KvView KV>
+  void score(const KV& kv, const query_group& q, index_t head, token_range r, float* z) const {
+    using T = typename KV::element_type;
+    validate_query(q, kv.d());
+    require(head < q.heads, "head", "head ", head, " of a group of ", q.heads, " query heads");
+    require(r.begin <= r.end && r.end <= kv.n(), "range", "[", r.begin, ", ", r.end, ") is not inside [0, ",
+            kv.n(), ")");
+    if (r.begin == r.end) return;
+    require(z != nullptr, "z", "null pointer");
+    const auto args = group_args_of(kv, q);
+    const auto& kernel = kernels_->template of<T>();
+    for_run_batches(kv, std::span<const token_range>(&r, 1),
+                    [&](const simd_detail::row_run<T>* runs, index_t count, index_t tokens) {
+                      kernel.score(args, head, runs, count, z);
+                      z += tokens;
+                    });
+  }
+
+  // Merges the exact partial over `ranges` of every query head of the group into `out`.
+  // Long inputs are split over N and run through the parallel_for hook.
+  template <KvView KV>
+  void attend(const KV& kv, const query_group& q, std::span<const token_range> ranges, partial_set<float>& out) const {
+    validate_query(q, kv.d());
+    require(out.heads() == q.heads, "partial.heads", out.heads(), " partials for ", q.heads, " query heads");
+    require(out.dv() == kv.dv(), "partial.dv", "partial of dv ", out.dv(), " for values of dv ", kv.dv());
+    const index_t tokens = simd_detail::checked_token_count(ranges, kv.n());
+    if (tokens == 0) return;
+    const auto args = group_args_of(kv, q);
+    const index_t parts = split_count(tokens, 1);
+    if (parts == 1) {
+      group_state st(q.heads, kv.dv());
+      fold(kv, args, ranges, st);
+      st.merge_into(out);
+      return;
+    }
+    const auto pieces = simd_detail::split_ranges(ranges, tokens, parts);
+    std::vector<group_state> states(parts, group_state(q.heads, kv.dv()));
+    opt_.parallel_for(parts, [&](index_t p) { fold(kv, args, pieces[p], states[p]); });
+    for (const auto& st : states) st.merge_into(out);
+  }
+
+  // Dense decode of a batch: every query head of every sequence attends to all its
+  // tokens; work runs over (sequence, KV head, split). Validates everything first.
+  template <KvView KV>
+  void decode(std::span<const sequence<KV>> batch, gqa_shape shape, float scale) const {
+    run_batch(batch, shape, scale, [](index_t, const KV& kv) { return std::vector<token_range>{{0, kv.n()}}; });
+  }
+
+  // Gathered decode: group s * Hkv + h attends to exact[s * Hkv + h] only (sorted,
+  // disjoint ranges; empty gives zeros).
+  template <KvView KV>
+  void decode_gathered(std::span<const sequence<KV>> batch, gqa_shape shape, float scale,
+                       std::span<const std::vector<token_range>> exact) const {
+    shape.validate();
+    require(exact.size() == batch.size() * shape.kv_heads, "exact", exact.size(), " range lists for ",
+            batch.size(), " sequences of ", shape.kv_heads, " KV heads");
+    run_batch(batch, shape, scale, [&](index_t group, const KV&) { return exact[group]; });
+  }
+
+ private:
+  // Online-softmax state (m, l, a) of one group or split, plus the kernel's scratch.
+  class group_state {
+   public:
+    group_state(index_t heads, index_t dv)
+        : heads_(heads), dv_(dv), data_(heads * (2 + dv + simd_detail::scratch_per_head), 0.f) {
+      std::fill_n(data_.begin(), heads, -std::numeric_limits<float>::infinity());
+    }
+    simd_detail::online_state view() {
+      float* p = data_.data();
+      return {p, p + heads_, p + 2 * heads_, p + (2 + dv_) * heads_};
+    }
+    void merge_into(partial_set<float>& out) const {
+      const float* p = data_.data();
+      for (index_t h = 0; h < heads_; ++h) out.merge(h, p[h], p[heads_ + h], p + 2 * heads_ + h * dv_);
+    }
+
+   private:
+    index_t heads_, dv_;
+    std::vector<float> data_;
+  };
+
+  template <KvView KV>
+  static simd_detail::group_args group_args_of(const KV& kv, const query_group& q) {
+    return {q.data, q.row_stride(), q.heads, kv.d(), kv.dv(), q.scale, kv.key_stride(), kv.value_stride()};
+  }
+
+  // How many pieces to cut `tokens` of one group into, when `groups` groups run at once:
+  // enough for about 8 tasks per thread, none shorter than min_split_tokens.
+  index_t split_count(index_t tokens, index_t groups) const {
+    if (opt_.concurrency <= 1) return 1;
+    const index_t wanted = (8 * opt_.concurrency + groups - 1) / groups;
+    return std::max<index_t>(1, std::min(wanted, tokens / opt_.min_split_tokens));
+  }
+
+  // Calls flush(runs, run_count, tokens) for batches of up to 64 evenly strided runs
+  // covering `ranges` in order (per row when the view has no for_each_run).
+  template <KvView KV, class Flush>
+  static void for_run_batches(const KV& kv, std::span<const token_range> ranges, Flush&& flush) {
+    using T = typename KV::element_type;
+    constexpr index_t capacity = 64;
+    simd_detail::row_run<T> runs[capacity];
+    index_t used = 0, tokens = 0;
+    auto push = [&](const T* keys, const T* values, index_t count) {
+      runs[used++] = {keys, values, count};
+      tokens += count;
+      if (used == capacity) {
+        flush(runs, used, tokens);
+        used = tokens = 0;
+      }
+    };
+    for (const token_range& r : ranges) {
+      if constexpr (requires { kv.for_each_run(r.begin, r.end, [](index_t, index_t, const T*, const T*) {}); })
+        kv.for_each_run(r.begin, r.end, [&](index_t, index_t count, const T* k, const T* v) { push(k, v, count); });
+      else
+        for (index_t i = r.begin; i < r.end; ++i) push(kv.key_row(i), kv.value_row(i), 1);
+    }
+    if (used) flush(runs, used, tokens);
+  }
+
+  template <KvView KV>
+  void fold(const KV& kv, const simd_detail::group_args& args, std::span<const token_range> ranges,
+            group_state& st) const {
+    using T = typename KV::element_type;
+    const auto& kernel = kernels_->template of<T>();
+    const auto state = st.view();
+    for_run_batches(kv, ranges, [&](const simd_detail::row_run<T>* runs, index_t count, index_t) {
+      kernel.attend(args, runs, count, state);
+    });
+  }
+
+  template <KvView KV, class RangesOf>
+  void run_batch(std::span<const sequence<KV>> batch, gqa_shape shape, float scale, RangesOf&& ranges_of) const {
+    shape.validate();
+    const index_t g = shape.group(), groups = batch.size() * shape.kv_heads;
+    struct group_plan {
+      const KV* kv;
+      query_group q;
+      output_group<float> out;
+      std::vector<token_range> ranges;
+      index_t tokens;
+    };
+    std::vector<group_plan> plans;
+    plans.reserve(groups);
+    for (index_t s = 0; s < batch.size(); ++s) {
+      const sequence<KV>& seq = batch[s];
+      require(seq.kv_heads.size() == shape.kv_heads, "sequence.kv_heads", seq.kv_heads.size(),
+              " KV heads, expected ", shape.kv_heads);
+      require(seq.queries != nullptr, "sequence.queries", "null pointer");
+      require(seq.out != nullptr, "sequence.out", "null pointer");
+      for (index_t h = 0; h < shape.kv_heads; ++h) {
+        const KV& kv = seq.kv_heads[h];
+        const index_t qs = seq.query_stride ? seq.query_stride : kv.d();
+        const index_t os = seq.out_stride ? seq.out_stride : kv.dv();
+        query_group q{seq.queries + h * g * qs, g, kv.d(), qs, scale};
+        output_group<float> o{seq.out + h * g * os, g, kv.dv(), os};
+        validate_query(q, kv.d());
+        validate_output(o, g, kv.dv());
+        std::vector<token_range> ranges = ranges_of(s * shape.kv_heads + h, kv);
+        const index_t tokens = simd_detail::checked_token_count(ranges, kv.n());
+        plans.push_back({&kv, q, o, std::move(ranges), tokens});
+      }
+    }
+    struct task {
+      index_t group;
+      std::vector<token_range> ranges;
+    };
+    std::vector<task> tasks;
+    std::vector<index_t> first_task(groups + 1, 0);
+    for (index_t gi = 0; gi < groups; ++gi) {
+      first_task[gi] = tasks.size();
+      const group_plan& p = plans[gi];
+      const index_t parts = split_count(p.tokens, groups);
+      if (p.tokens == 0) continue;
+      if (parts == 1) tasks.push_back({gi, p.ranges});
+      else
+        for (auto& piece : simd_detail::split_ranges(p.ranges, p.tokens, parts)) tasks.push_back({gi, std::move(piece)});
+    }
+    first_task[groups] = tasks.size();
+    std::vector<group_state> states;
+    states.reserve(tasks.size());
+    for (const task& t : tasks) states.emplace_back(g, plans[t.group].kv->dv());
+    opt_.parallel_for(tasks.size(), [&](index_t i) {
+      const group_plan& p = plans[tasks[i].group];
+      fold(*p.kv, group_args_of(*p.kv, p.q), tasks[i].ranges, states[i]);
+    });
+    opt_.parallel_for(groups, [&](index_t gi) {
+      partial_set<float> merged(g, plans[gi].kv->dv());
+      for (index_t i = first_task[gi]; i < first_task[gi + 1]; ++i) states[i].merge_into(merged);
+      merged.finalize(plans[gi].out);
+    });
+  }
+
+  simd_options opt_;
+  const simd_detail::kernel_set* kernels_;
+};
+
+static_assert(Executor<simd>);
+
+}  // namespace floe::exec

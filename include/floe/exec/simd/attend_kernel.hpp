@@ -1,0 +1,287 @@
+// Decode-attention kernels, templated on a lane type L (an xsimd batch or a plain float):
+// per tile of rows, score every query head of the GQA group (each key row is read from
+// memory once), rescale the online softmax once per tile, then fold in the values (each
+// value row read once). Included only by the per-architecture units of floe::simd, so
+// nothing here may be a non-template inline function (docs/simd-executor.md, "ODR").
+#pragma once
+
+#include "floe/exec/simd/kernel_api.hpp"
+
+namespace floe::simd_detail {
+
+// Walks runs of evenly strided rows, handing out row pointers a tile at a time. (Templated
+// on L too, so that each architecture's unit gets its own copy.)
+template <class L, class T>
+class row_cursor {
+ public:
+  row_cursor(const row_run<T>* runs, index_t count, index_t key_stride, index_t value_stride)
+      : runs_(runs), count_(count), key_stride_(key_stride), value_stride_(value_stride) {}
+
+  // Fills up to tile_tokens key and value row pointers; returns how many (0 at the end).
+  // jumps() then tells whether those rows start a run, i.e. may not follow the previous
+  // rows in memory.
+  index_t next(const T** keys, const T** values) {
+    index_t n = 0;
+    jumps_ = false;
+    while (n < tile_tokens && run_ < count_) {
+      const row_run<T>& run = runs_[run_];
+      jumps_ = jumps_ || offset_ == 0;
+      for (; n < tile_tokens && offset_ < run.count; ++n, ++offset_) {
+        keys[n] = run.keys + offset_ * key_stride_;
+        values[n] = run.values + offset_ * value_stride_;
+      }
+      if (offset_ >= run.count) {
+        ++run_;
+        offset_ = 0;
+      }
+    }
+    return n;
+  }
+  bool jumps() const { return jumps_; }
+
+ private:
+  const row_run<T>* runs_;
+  index_t count_, key_stride_, value_stride_;
+  index_t run_ = 0, offset_ = 0;
+  bool jumps_ = false;
+};
+
+// Asks for the cache lines of `rows` into L2: rows of the next tile, whose reads would
+// otherwise start cold at every page or range boundary (paged and gathered KV).
+template <class L, class T>
+void prefetch_rows(const T* const* rows, index_t count, index_t row_elements) {
+  const index_t bytes = row_elements * sizeof(T);
+  for (index_t i = 0; i < count; ++i) {
+    const char* p = reinterpret_cast<const char*>(rows[i]);
+    for (index_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
+    __builtin_prefetch(p + bytes - 1, 0, 2);
+  }
+}
+
+// Largest power of two <= limit, at least 1.
+consteval index_t pow2_at_most(index_t limit) {
+  index_t p = 1;
+  while (p * 2 <= limit) p *= 2;
+  return p;
+}
+
+// z[j * z_stride + t] = scale * q_{h0+j} . k_t for t < n and the G heads from h0. U tokens
+// go together so that U * G independent FMA chains hide the FMA latency and each query
+// chunk is loaded once for U tokens; each key chunk is loaded once for all G heads. The W
+// per-token dot vectors of a step are then summed lane-wise at once. With z_padded, each
+// z row has room up to the next multiple of W, and the lanes past n are garbage.
+template <class L, class T, index_t G>
+void score_block(const group_args& g, index_t h0, const T* const* keys, index_t n, float* z, index_t z_stride,
+                 bool z_padded, const row_run<const T*>& prefetch) {
+  using vec = typename L::vec;
+  constexpr index_t W = L::width;
+  constexpr index_t U = pow2_at_most(L::accumulators / G < 4 ? L::accumulators / G : 4) < W
+                            ? pow2_at_most(L::accumulators / G < 4 ? L::accumulators / G : 4)
+                            : W;
+  static_assert(W % U == 0);
+  const index_t full = g.d / W * W;
+  const bool has_tail = full < g.d;
+  const float* q[G];
+  for (index_t j = 0; j < G; ++j) q[j] = g.q + (h0 + j) * g.q_stride;
+  vec dots[G][W];
+  alignas(64) float tails[G][W];
+  alignas(64) float out[W];
+  for (index_t t0 = 0; t0 < n; t0 += W) {
+    const index_t count = n - t0 < W ? n - t0 : W;
+    for (index_t u = 0; u < W; u += U) {
+      if (t0 + u < prefetch.count) {  // the next tile's rows, U at a time, spread over this one
+        const index_t m = prefetch.count - t0 - u < U ? prefetch.count - t0 - u : U;
+        prefetch_rows<L>(prefetch.keys + t0 + u, m, g.d);
+        prefetch_rows<L>(prefetch.values + t0 + u, m, g.dv);
+      }
+      const T* k[U];  // rows past the end repeat the last one; their lanes are dropped
+      for (index_t i = 0; i < U; ++i) k[i] = keys[t0 + (u + i < count ? u + i : count - 1)];
+      vec acc[U][G];
+      for (index_t i = 0; i < U; ++i)
+        for (index_t j = 0; j < G; ++j) acc[i][j] = L::zero();
+      for (index_t e = 0; e < full; e += W) {
+        vec kv[U];
+        for (index_t i = 0; i < U; ++i) kv[i] = L::load(k[i] + e);
+        for (index_t j = 0; j < G; ++j) {
+          const vec qv = L::load(q[j] + e);
+          for (index_t i = 0; i < U; ++i) acc[i][j] = L::fma(qv, kv[i], acc[i][j]);
+        }
+      }
+      for (index_t i = 0; i < U; ++i)
+        for (index_t j = 0; j < G; ++j) dots[j][u + i] = acc[i][j];
+      if (has_tail) {
+        for (index_t i = 0; i < U; ++i)
+          for (index_t j = 0; j < G; ++j) {
+            float s = 0.f;
+            for (index_t e = full; e < g.d; ++e) s += q[j][e] * L::scalar(k[i][e]);
+            tails[j][u + i] = s;
+          }
+      }
+    }
+    for (index_t j = 0; j < G; ++j) {
+      vec dot = L::sum_rows(dots[j]);
+      if (has_tail) dot = dot + L::load(tails[j]);
+      dot = dot * L::splat(g.scale);
+      if (count == W || z_padded) {
+        L::store(z + j * z_stride + t0, dot);
+      } else {
+        L::store(out, dot);
+        for (index_t u = 0; u < count; ++u) z[j * z_stride + t0 + u] = out[u];
+      }
+    }
+  }
+}
+
+// Turns each head's scores z[h * tile_tokens + t] into weights exp(z - m_new) in place,
+// updates m and l, and leaves the rescale factor exp(m_old - m_new) in alpha[h].
+template <class L>
+void softmax_step(index_t heads, index_t n, float* z, float* alpha, float* m, float* l) {
+  using vec = typename L::vec;
+  constexpr index_t W = L::width;
+  const index_t padded = (n + W - 1) / W * W;
+  const float neg_inf = -__builtin_inff();
+  for (index_t h = 0; h < heads; ++h) {
+    float* zh = z + h * tile_tokens;
+    for (index_t t = n; t < padded; ++t) zh[t] = neg_inf;  // padding weighs exp(-inf) = 0
+    vec top = L::splat(neg_inf);
+    for (index_t t = 0; t < padded; t += W) top = L::max(top, L::load(zh + t));
+    const float tile_max = L::hmax(top);
+    const bool grows = tile_max > m[h];
+    const float m_new = grows ? tile_max : m[h];
+    alpha[h] = grows ? __builtin_expf(m[h] - m_new) : 1.f;  // m[h] = -inf (nothing yet) gives 0
+    vec sum = L::zero();
+    const vec shift = L::splat(m_new);
+    for (index_t t = 0; t < padded; t += W) {
+      const vec w = L::exp(L::load(zh + t) - shift);
+      L::store(zh + t, w);
+      sum = sum + w;
+    }
+    l[h] = l[h] * alpha[h] + L::hadd(sum);
+    m[h] = m_new;
+  }
+}
+
+// One pass of value_block over C chunks of W elements from e: C * G accumulators, each a
+// chain of n FMAs, and each value chunk loaded once for all G heads.
+template <class L, class T, index_t G, index_t C>
+void value_pass(const T* const* values, index_t n, const float* const* w, const float* alpha, float* const* a,
+                index_t e) {
+  using vec = typename L::vec;
+  constexpr index_t W = L::width;
+  vec acc[C][G];
+  for (index_t c = 0; c < C; ++c)
+    for (index_t j = 0; j < G; ++j) acc[c][j] = L::zero();
+  for (index_t t = 0; t < n; ++t) {
+    vec v[C];
+    for (index_t c = 0; c < C; ++c) v[c] = L::load(values[t] + e + c * W);
+    for (index_t j = 0; j < G; ++j) {
+      const vec wj = L::splat(w[j][t]);
+      for (index_t c = 0; c < C; ++c) acc[c][j] = L::fma(wj, v[c], acc[c][j]);
+    }
+  }
+  for (index_t j = 0; j < G; ++j) {
+    const vec scale = L::splat(alpha[j]);
+    for (index_t c = 0; c < C; ++c) {
+      float* dst = a[j] + e + c * W;
+      L::store(dst, L::fma(L::load(dst), scale, acc[c][j]));
+    }
+  }
+}
+
+// Passes of C chunks while they fit, then halves C.
+template <class L, class T, index_t G, index_t C>
+void value_passes(const T* const* values, index_t n, const float* const* w, const float* alpha, float* const* a,
+                  index_t full, index_t& e) {
+  for (; e + C * L::width <= full; e += C * L::width) value_pass<L, T, G, C>(values, n, w, alpha, a, e);
+  if constexpr (C > 1) value_passes<L, T, G, C / 2>(values, n, w, alpha, a, full, e);
+}
+
+// a_h = a_h * alpha_h + sum_t w_{h,t} v_t for the G heads from h0. The tile's sum starts
+// from zero (short sums keep fp32 accumulation accurate over long contexts).
+template <class L, class T, index_t G>
+void value_block(const group_args& g, index_t h0, const T* const* values, index_t n, const float* weights,
+                 const float* alpha, float* a) {
+  constexpr index_t C = pow2_at_most(L::accumulators / G < L::max_chunks ? L::accumulators / G : L::max_chunks);
+  const index_t full = g.dv / L::width * L::width;
+  const float* w[G];
+  float* out[G];
+  for (index_t j = 0; j < G; ++j) {
+    w[j] = weights + (h0 + j) * tile_tokens;
+    out[j] = a + (h0 + j) * g.dv;
+  }
+  index_t e = 0;
+  value_passes<L, T, G, C>(values, n, w, alpha + h0, out, full, e);
+  for (; e < g.dv; ++e) {
+    for (index_t j = 0; j < G; ++j) {
+      float s = 0.f;
+      for (index_t t = 0; t < n; ++t) s += w[j][t] * L::scalar(values[t][e]);
+      out[j][e] = out[j][e] * alpha[h0 + j] + s;
+    }
+  }
+}
+
+// Calls f.template operator()<G>(h0) over blocks of at most 8 heads, so that the block's
+// accumulators live in registers.
+template <class F>
+void for_head_blocks(index_t heads, F&& f) {
+  for (index_t h0 = 0; h0 < heads;) {
+    const index_t left = heads - h0;
+    switch (left < 8 ? left : 8) {
+      case 1: f.template operator()<1>(h0); h0 += 1; break;
+      case 2: f.template operator()<2>(h0); h0 += 2; break;
+      case 3: f.template operator()<3>(h0); h0 += 3; break;
+      case 4: f.template operator()<4>(h0); h0 += 4; break;
+      case 5: f.template operator()<5>(h0); h0 += 5; break;
+      case 6: f.template operator()<6>(h0); h0 += 6; break;
+      case 7: f.template operator()<7>(h0); h0 += 7; break;
+      default: f.template operator()<8>(h0); h0 += 8; break;
+    }
+  }
+}
+
+template <class L, class T>
+void attend_runs(const group_args& g, const row_run<T>* runs, index_t run_count, const online_state& st) {
+  const T* keys[2][tile_tokens];  // this tile and the next, whose rows are prefetched
+  const T* values[2][tile_tokens];
+  float* z = st.scratch;                              // [heads][tile_tokens]
+  float* alpha = st.scratch + g.heads * tile_tokens;  // [heads]
+  row_cursor<L, T> cursor(runs, run_count, g.key_stride, g.value_stride);
+  index_t cur = 0, n = cursor.next(keys[0], values[0]);
+  while (n) {
+    const index_t next_n = cursor.next(keys[cur ^ 1], values[cur ^ 1]);
+    // Rows that continue a run are left to the hardware prefetcher.
+    const row_run<const T*> next{keys[cur ^ 1], values[cur ^ 1], cursor.jumps() ? next_n : 0};
+    const row_run<const T*> none{nullptr, nullptr, 0};
+    for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
+      score_block<L, T, G>(g, h0, keys[cur], n, z + h0 * tile_tokens, tile_tokens, true, h0 == 0 ? next : none);
+    });
+    softmax_step<L>(g.heads, n, z, alpha, st.m, st.l);
+    for_head_blocks(g.heads,
+                    [&]<index_t G>(index_t h0) { value_block<L, T, G>(g, h0, values[cur], n, z, alpha, st.a); });
+    cur ^= 1;
+    n = next_n;
+  }
+}
+
+template <class L, class T>
+void score_runs(const group_args& g, index_t head, const row_run<T>* runs, index_t run_count, float* z) {
+  const T* keys[tile_tokens];
+  const T* values[tile_tokens];
+  row_cursor<L, T> cursor(runs, run_count, g.key_stride, g.value_stride);
+  while (const index_t n = cursor.next(keys, values)) {
+    score_block<L, T, 1>(g, head, keys, n, z, 0, false, row_run<const T*>{nullptr, nullptr, 0});
+    z += n;
+  }
+}
+
+template <class L>
+constexpr kernel_set make_kernel_set(simd_arch target) {
+  kernel_set set;
+  set.target = target;
+  set.f32 = {&attend_runs<L, float>, &score_runs<L, float>};
+  set.f16 = {&attend_runs<L, half>, &score_runs<L, half>};
+  set.bf16 = {&attend_runs<L, bfloat16>, &score_runs<L, bfloat16>};
+  return set;
+}
+
+}  // namespace floe::simd_detail

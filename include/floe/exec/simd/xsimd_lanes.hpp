@@ -1,0 +1,43 @@
+// The lane type of the attend kernels for an xsimd architecture A. Isa supplies what needs
+// each instruction set's own intrinsics: 16-bit loads and the transposed row sum.
+#pragma once
+
+#include <cstdint>
+
+#include <xsimd/xsimd.hpp>
+
+#include "floe/exec/simd/kernel_api.hpp"
+
+namespace floe::simd_detail {
+
+template <class A, class Isa>
+struct xsimd_lanes {
+  using vec = xsimd::batch<float, A>;
+  static constexpr index_t width = vec::size;
+  static constexpr index_t accumulators = Isa::accumulators;  // vector accumulators a kernel may keep live
+  static constexpr index_t max_chunks = Isa::max_chunks;      // value chunks loaded per token at once
+
+  static vec zero() { return vec(0.f); }
+  static vec splat(float x) { return vec(x); }
+  static vec load(const float* p) { return vec::load_unaligned(p); }
+  static vec load(const half* p) { return vec(Isa::load(p)); }
+  static vec load(const bfloat16* p) { return vec(Isa::load(p)); }
+  static float scalar(float x) { return x; }
+  static float scalar(half x) { return Isa::scalar(x); }
+  static float scalar(bfloat16 x) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(x.bits) << 16;
+    float f;
+    __builtin_memcpy(&f, &bits, sizeof f);
+    return f;
+  }
+  static void store(float* p, const vec& v) { v.store_unaligned(p); }
+  static vec fma(const vec& a, const vec& b, const vec& c) { return xsimd::fma(a, b, c); }
+  static vec max(const vec& a, const vec& b) { return xsimd::max(a, b); }
+  static vec exp(const vec& v) { return xsimd::exp(v); }
+  static float hadd(const vec& v) { return xsimd::hadd(v); }
+  static float hmax(const vec& v) { return Isa::hmax(v); }
+  // Lane i of the result is the sum of the lanes of rows[i], i < width.
+  static vec sum_rows(const vec* rows) { return vec(Isa::sum_rows(rows)); }
+};
+
+}  // namespace floe::simd_detail

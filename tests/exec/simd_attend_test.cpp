@@ -1,0 +1,167 @@
+// floe::exec::simd attend/score against the scalar reference: every compiled architecture,
+// fp32/fp16/bf16, N, d, GQA groups, row strides, paged blocks and gathered ranges.
+#include <catch2/catch.hpp>
+
+#include "floe/exec/scalar.hpp"
+#include "floe/exec/simd.hpp"
+#include "simd_test_support.hpp"
+#include "support/random_kv.hpp"
+
+using floe::index_t;
+using floe::token_range;
+namespace ft = floe::testing;
+
+namespace {
+
+struct attend_case {
+  index_t n, d, dv, heads;
+  index_t pad = 0;    // extra elements per KV row and query row (strides larger than the row)
+  index_t block = 0;  // paged blocks of this many tokens, or contiguous
+};
+
+// Attends with the scalar reference and with the SIMD executor on `arch`, over `ranges`
+// (all tokens when empty), and returns the worst relative error over the group's heads.
+template <class T>
+double attend_error(floe::simd_arch arch, const attend_case& c, std::uint64_t salt,
+                    std::vector<token_range> ranges = {}, index_t threads = 1) {
+  auto g = ft::rng(salt);
+  ft::random_kv<T> kv(g, c.n, c.d, c.dv, c.pad, c.block);
+  const index_t q_stride = c.d + c.pad;
+  const auto queries = ft::random_floats(g, c.heads * q_stride);
+  const auto q = floe::query_group::make(queries.data(), c.heads, c.d, q_stride);
+  if (ranges.empty()) ranges.push_back({0, c.n});
+  floe::thread_pool pool(threads);
+  floe::exec::simd_options opt{arch, pool.hook(), threads, 16};  // tiny pieces force split-K
+  const floe::exec::simd simd(opt);
+  REQUIRE(simd.arch() == arch);
+  floe::partial_set<double> want(c.heads, c.dv);
+  floe::partial_set<float> got(c.heads, c.dv);
+  if (c.block) {
+    floe::exec::scalar{}.attend(kv.paged_view(), q, ranges, want);
+    simd.attend(kv.paged_view(), q, ranges, got);
+  } else {
+    floe::exec::scalar{}.attend(kv.view(), q, ranges, want);
+    simd.attend(kv.view(), q, ranges, got);
+  }
+  return ft::max_relative_error(got, want);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("simd attend matches the scalar reference over N, d and GQA groups", "[exec][simd]", float,
+                   floe::half, floe::bfloat16) {
+  INFO("seed " << ft::seed());
+  const auto arch = GENERATE(from_range(ft::runnable_archs()));
+  const index_t n = GENERATE(1, 7, 63, 64, 65, 1000);
+  const index_t d = GENERATE(64, 80, 128, 256);
+  const index_t heads = GENERATE(1, 4, 8);
+  INFO("arch " << floe::simd_arch_name(arch) << " n " << n << " d " << d << " g " << heads);
+  CHECK(attend_error<TestType>(arch, {n, d, d, heads}, n * 1000 + d * 10 + heads) <= 1e-5);
+}
+
+TEMPLATE_TEST_CASE("simd attend handles strides, dv != d, odd g and paged blocks", "[exec][simd]", float,
+                   floe::half, floe::bfloat16) {
+  INFO("seed " << ft::seed());
+  const auto arch = GENERATE(from_range(ft::runnable_archs()));
+  const index_t block = GENERATE(0, 16, 256);
+  const index_t pad = GENERATE(0, 3);
+  const index_t heads = GENERATE(3, 11);  // 11 heads: a block of 8 and one of 3
+  const index_t n = 1000;
+  INFO("arch " << floe::simd_arch_name(arch) << " block " << block << " pad " << pad << " g " << heads << " n "
+               << n);
+  CHECK(attend_error<TestType>(arch, {n, 80, 72, heads, pad, block}, block + pad * 7 + heads * 31 + n) <= 1e-5);
+  CHECK(attend_error<TestType>(arch, {n, 7, 5, heads, pad, block}, block + pad * 7 + heads * 31 + n + 1) <= 1e-5);
+}
+
+TEST_CASE("simd attend over a long context (N = 100003) stays within 1e-5", "[exec][simd]") {
+  INFO("seed " << ft::seed());
+  // One long case per architecture, the element type rotating, contiguous or paged.
+  for (const auto arch : ft::runnable_archs()) {
+    INFO("arch " << floe::simd_arch_name(arch));
+    switch (arch) {
+      case floe::simd_arch::avx512: CHECK(attend_error<floe::half>(arch, {100003, 128, 128, 2}, 1) <= 1e-5); break;
+      case floe::simd_arch::avx2:
+        CHECK(attend_error<floe::bfloat16>(arch, {100003, 64, 64, 2, 0, 256}, 2, {}, 2) <= 1e-5);
+        break;
+      default: CHECK(attend_error<float>(arch, {100003, 64, 64, 1, 0, 16}, 3) <= 1e-5); break;
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("simd attend over gathered ranges and single tokens", "[exec][simd]", float, floe::half,
+                   floe::bfloat16) {
+  INFO("seed " << ft::seed());
+  const auto arch = GENERATE(from_range(ft::runnable_archs()));
+  const index_t block = GENERATE(0, 16);
+  const index_t threads = GENERATE(1, 3);
+  auto g = ft::rng(77);
+  std::vector<token_range> ranges;
+  for (index_t b = 0; b + 64 <= 4000;) {  // random 64-token ranges, some single tokens between
+    b += std::uniform_int_distribution<index_t>(0, 300)(g);
+    if (b + 64 > 4000) break;
+    ranges.push_back({b, b + 64});
+    b += 65;
+    if (b < 4000 && g() % 2) ranges.push_back({b, b + 1}), b += 2;
+  }
+  REQUIRE(ranges.size() > 3);
+  INFO("arch " << floe::simd_arch_name(arch) << " block " << block << " threads " << threads);
+  CHECK(attend_error<TestType>(arch, {4000, 128, 128, 4, 0, block}, 5 + block, ranges, threads) <= 1e-5);
+}
+
+TEST_CASE("simd attend splits over threads 1-4 and merges into what the partial holds", "[exec][simd]") {
+  INFO("seed " << ft::seed());
+  const auto arch = GENERATE(from_range(ft::runnable_archs()));
+  const index_t threads = GENERATE(1, 2, 3, 4);
+  auto g = ft::rng(11);
+  ft::random_kv<floe::half> kv(g, 3000, 64, 64, 0, 16);
+  const auto queries = ft::random_floats(g, 4 * 64);
+  const auto q = floe::query_group::make(queries.data(), 4, 64);
+  floe::thread_pool pool(threads);
+  const floe::exec::simd simd({arch, pool.hook(), threads, 100});
+  // Two calls into one partial equal one call over both ranges.
+  const std::vector<token_range> first{{0, 1000}}, second{{1000, 1700}, {2000, 3000}},
+      both{{0, 1700}, {2000, 3000}};
+  floe::partial_set<float> got(4, 64);
+  simd.attend(kv.paged_view(), q, first, got);
+  simd.attend(kv.paged_view(), q, second, got);
+  floe::partial_set<double> want(4, 64);
+  floe::exec::scalar{}.attend(kv.paged_view(), q, both, want);
+  INFO("arch " << floe::simd_arch_name(arch) << " threads " << threads);
+  CHECK(ft::max_relative_error(got, want) <= 1e-5);
+}
+
+TEMPLATE_TEST_CASE("simd score matches the scalar reference", "[exec][simd]", float, floe::half, floe::bfloat16) {
+  INFO("seed " << ft::seed());
+  const auto arch = GENERATE(from_range(ft::runnable_archs()));
+  const index_t d = GENERATE(7, 64, 80, 256);
+  const index_t block = GENERATE(0, 16);
+  auto g = ft::rng(d + block);
+  ft::random_kv<TestType> kv(g, 700, d, 16, 2, block);
+  const auto queries = ft::random_floats(g, 3 * d);
+  const auto q = floe::query_group::make(queries.data(), 3, d);
+  const floe::exec::simd simd({arch});
+  const token_range r{5, 690};
+  std::vector<float> want(r.size()), got(r.size() + 1, std::numeric_limits<float>::quiet_NaN());
+  INFO("arch " << floe::simd_arch_name(arch) << " d " << d << " block " << block);
+  for (index_t h = 0; h < 3; ++h) {
+    if (block) {
+      floe::exec::scalar{}.score(kv.paged_view(), q, h, r, want.data());
+      simd.score(kv.paged_view(), q, h, r, got.data());
+    } else {
+      floe::exec::scalar{}.score(kv.view(), q, h, r, want.data());
+      simd.score(kv.view(), q, h, r, got.data());
+    }
+    double q_norm = 0.0;
+    for (index_t t = 0; t < d; ++t) q_norm += queries[h * d + t] * queries[h * d + t];
+    index_t bad = 0;
+    for (index_t i = 0; i < r.size(); ++i) {
+      const TestType* k = block ? kv.paged_view().key_row(r.begin + i) : kv.view().key_row(r.begin + i);
+      double k_norm = 0.0;
+      for (index_t t = 0; t < d; ++t) k_norm += double(floe::to_float(k[t])) * floe::to_float(k[t]);
+      const double bound = 1e-5 * q.scale * std::sqrt(q_norm * k_norm);
+      if (!(std::abs(static_cast<double>(got[i]) - want[i]) <= bound)) ++bad;
+    }
+    CHECK(bad == 0);
+    CHECK(std::isnan(got[r.size()]));  // nothing written past the range
+  }
+}
