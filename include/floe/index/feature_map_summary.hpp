@@ -17,6 +17,7 @@
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
+#include "floe/index/widen.hpp"
 #include "floe/residual/feature_maps/gaussian_directions.hpp"
 
 namespace floe {
@@ -179,22 +180,24 @@ class feature_map_summary {
   void for_each_chunk(const KV& kv, const std::vector<token_range>& ranges, F&& f) const {
     row_matrix keys(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(d_));
     row_matrix values(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(dv_));
-    index_t rows = 0;
-    auto flush = [&] {
-      if (rows == 0) return;
-      f(keys.topRows(static_cast<Eigen::Index>(rows)), values.topRows(static_cast<Eigen::Index>(rows)));
-      rows = 0;
-    };
+    std::vector<index_t> tokens;
     for (const token_range& r : ranges)
-      for (index_t i = r.begin; i < r.end; ++i) {
-        const auto* k = kv.key_row(i);
-        const auto* v = kv.value_row(i);
-        const auto row = static_cast<Eigen::Index>(rows);
-        for (index_t t = 0; t < d_; ++t) keys(row, static_cast<Eigen::Index>(t)) = to_float(k[t]) - centre_[static_cast<Eigen::Index>(t)];
-        for (index_t t = 0; t < dv_; ++t) values(row, static_cast<Eigen::Index>(t)) = to_float(v[t]);
-        if (++rows == chunk_tokens) flush();
+      for (index_t i = r.begin; i < r.end; ++i) tokens.push_back(i);
+    constexpr index_t ahead = 8;  // rows in flight: scattered gathers are latency-bound
+    for (index_t first = 0; first < tokens.size(); first += chunk_tokens) {
+      const index_t rows = std::min(chunk_tokens, tokens.size() - first);
+      for (index_t r = 0; r < rows; ++r) {
+        if (first + r + ahead < tokens.size()) {
+          detail::prefetch_row(kv.key_row(tokens[first + r + ahead]), d_);
+          detail::prefetch_row(kv.value_row(tokens[first + r + ahead]), dv_);
+        }
+        const auto row = static_cast<Eigen::Index>(r);
+        detail::widen(kv.key_row(tokens[first + r]), &keys(row, 0), d_);
+        detail::widen(kv.value_row(tokens[first + r]), &values(row, 0), dv_);
+        keys.row(row) -= centre_.transpose();
       }
-    flush();
+      f(keys.topRows(static_cast<Eigen::Index>(rows)), values.topRows(static_cast<Eigen::Index>(rows)));
+    }
   }
 
   static void check_covered(std::span<const token_range> exact, token_range need, index_t n) {

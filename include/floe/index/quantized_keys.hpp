@@ -1,5 +1,7 @@
 // 4-bit keys of one (layer, KV head) with a per-(token, block) offset and scale, and
 // the scan that turns them into score estimates with deterministic error bounds.
+// Tokens are stored in tiles of 16, element-major inside a tile, so that the scan runs
+// across the 16 tokens of a tile in vector lanes without reassociating any sum.
 // docs/methods/retrieval-completion.md, "quantized_scan".
 #pragma once
 
@@ -8,26 +10,29 @@
 #include <cstdint>
 #include <vector>
 
+#include <xsimd/xsimd.hpp>
+
 #include "floe/core/error.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/index/directed_half.hpp"
+#include "floe/index/widen.hpp"
 
 namespace floe {
 
-// A query group prepared for scanning: scaled rows s*q_h, and per block their sums and
-// L1 norms (the offset term and the error radius of the block).
+// A query group prepared for scanning: scaled rows s*q_h (zero-padded to whole blocks),
+// and per block their sums and L1 norms (the offset term and the error radius).
 struct quantized_query {
-  index_t heads = 0, d = 0, blocks = 0;
-  std::vector<float> rows;     // [heads, d]: s * q_h
-  std::vector<float> sums;     // [heads, blocks]
-  std::vector<float> l1;       // [heads, blocks]
+  index_t heads = 0, padded_d = 0, blocks = 0;
+  std::vector<float> rows;  // [heads, padded_d]: s * q_h
+  std::vector<float> sums;  // [heads, blocks]
+  std::vector<float> l1;    // [heads, blocks]
 };
 
 class quantized_keys {
  public:
-  // Dimensions per block; each block of a token has its own offset and scale.
-  static constexpr index_t block_dims = 32;
+  static constexpr index_t block_dims = 32;  // elements per block: one offset and scale each
+  static constexpr index_t tile_tokens = 16;
 
   quantized_keys() = default;
 
@@ -36,8 +41,6 @@ class quantized_keys {
     quantized_keys idx;
     idx.d_ = kv.d();
     idx.blocks_ = (kv.d() + block_dims - 1) / block_dims;
-    idx.code_bytes_ = 0;
-    for (index_t b = 0; b < idx.blocks_; ++b) idx.code_bytes_ += (idx.block_length(b) + 1) / 2;
     idx.append(kv);
     return idx;
   }
@@ -47,9 +50,10 @@ class quantized_keys {
   void append(const KV& kv) {
     require(kv.d() == d_, "kv", "index built for d = ", d_, ", the view has d = ", kv.d());
     require(kv.n() >= n_, "kv", "the view holds ", kv.n(), " tokens, fewer than the ", n_, " the index covers");
-    codes_.resize(kv.n() * code_bytes_);
-    params_.resize(kv.n() * blocks_ * 2);
-    std::vector<float> row(d_);
+    const index_t tiles = (kv.n() + tile_tokens - 1) / tile_tokens;
+    codes_.resize(tiles * tile_code_bytes(), 0);
+    params_.resize(tiles * tile_params(), half{});
+    std::vector<float> row(blocks_ * block_dims, 0.f);
     for (index_t i = n_; i < kv.n(); ++i) {
       const auto* k = kv.key_row(i);
       for (index_t t = 0; t < d_; ++t) {
@@ -57,26 +61,27 @@ class quantized_keys {
         require(std::isfinite(row[t]) && std::fabs(row[t]) <= 60000.f, "keys", "key ", i, " element ", t, " is ",
                 row[t], ": the 4-bit index holds finite keys of magnitude <= 60000");
       }
-      quantize_row(row.data(), codes_.data() + i * code_bytes_, params_.data() + i * blocks_ * 2);
+      quantize_row(row.data(), i);
     }
     n_ = kv.n();
   }
 
   index_t tokens() const { return n_; }
   index_t d() const { return d_; }
-  // Bytes the scan reads per token: codes plus offset and scale of every block.
-  index_t bytes_per_token() const { return code_bytes_ + blocks_ * 2 * sizeof(half); }
+  // Bytes the scan reads per token: codes plus the offset and scale of every block.
+  index_t bytes_per_token() const { return blocks_ * (block_dims / 2 + 2 * sizeof(half)); }
   std::uint64_t bytes() const { return static_cast<std::uint64_t>(n_) * bytes_per_token(); }
 
   quantized_query prepare(const query_group& q) const {
-    quantized_query p{q.heads, d_, blocks_, std::vector<float>(q.heads * d_), std::vector<float>(q.heads * blocks_),
-                      std::vector<float>(q.heads * blocks_)};
+    const index_t pd = blocks_ * block_dims;
+    quantized_query p{q.heads, pd, blocks_, std::vector<float>(q.heads * pd, 0.f),
+                      std::vector<float>(q.heads * blocks_), std::vector<float>(q.heads * blocks_)};
     for (index_t h = 0; h < q.heads; ++h)
       for (index_t b = 0; b < blocks_; ++b) {
         float sum = 0.f, l1 = 0.f;
-        for (index_t t = b * block_dims; t < b * block_dims + block_length(b); ++t) {
+        for (index_t t = b * block_dims; t < std::min(d_, (b + 1) * block_dims); ++t) {
           const float x = q.scale * q.row(h)[t];
-          p.rows[h * d_ + t] = x;
+          p.rows[h * pd + t] = x;
           sum += x;
           l1 += std::fabs(x);
         }
@@ -88,55 +93,114 @@ class quantized_keys {
 
   // For tokens [begin, end) and every head h: center[h * ld + i - begin] estimates the
   // score z = s q_h . k_i, and |z - center| <= radius (same layout), however z is rounded.
+  // Vectorised across the 16 tokens of a tile (xsimd, the instruction set compiled for),
+  // up to 4 heads per pass so that their sums stay in registers.
   void scan(const quantized_query& p, index_t begin, index_t end, float* center, float* radius, index_t ld) const {
-    float codes[block_dims];
-    for (index_t i = begin; i < end; ++i) {
-      const std::uint8_t* c = codes_.data() + i * code_bytes_;
-      const half* prm = params_.data() + i * blocks_ * 2;
-      for (index_t h = 0; h < p.heads; ++h) center[h * ld + i - begin] = radius[h * ld + i - begin] = 0.f;
-      for (index_t b = 0; b < blocks_; ++b) {
-        const index_t len = block_length(b), half_len = (len + 1) / 2;
-        for (index_t j = 0; j < half_len; ++j) {
-          codes[j] = static_cast<float>(c[j] & 15u);
-          codes[j + half_len] = static_cast<float>(c[j] >> 4);
+    constexpr index_t T = tile_tokens;
+    alignas(64) float out_c[heads_per_pass * T], out_r[heads_per_pass * T];
+    for (index_t tile = begin / T; tile * T < end; ++tile) {
+      const index_t first = std::max(begin, tile * T), last = std::min(end, (tile + 1) * T);
+      for (index_t h0 = 0; h0 < p.heads; h0 += heads_per_pass) {
+        const index_t hn = std::min(heads_per_pass, p.heads - h0);
+        switch (hn) {
+          case 1: scan_tile<1>(p, h0, tile, out_c, out_r); break;
+          case 2: scan_tile<2>(p, h0, tile, out_c, out_r); break;
+          case 3: scan_tile<3>(p, h0, tile, out_c, out_r); break;
+          default: scan_tile<4>(p, h0, tile, out_c, out_r); break;
         }
-        const float offset = prm[2 * b].to_float(), scale = prm[2 * b + 1].to_float();
-        // Rounding to the nearest code leaves scale/2 per element; the rest covers float
-        // rounding of the dot products here and in any executor's exact score.
-        const float spread = scale * (0.5f + 1e-4f) + 4e-5f * (std::fabs(offset) + 16.f * scale);
-        for (index_t h = 0; h < p.heads; ++h) {
-          const float* qb = p.rows.data() + h * d_ + b * block_dims;
-          const float dot = len == block_dims ? dot32(qb, codes) : dot_n(qb, codes, len);
-          center[h * ld + i - begin] += offset * p.sums[h * blocks_ + b] + scale * dot;
-          radius[h * ld + i - begin] += spread * p.l1[h * blocks_ + b];
-        }
-        c += half_len;
+        for (index_t h = 0; h < hn; ++h)
+          for (index_t i = first; i < last; ++i) {
+            center[(h0 + h) * ld + i - begin] = out_c[h * T + i - tile * T];
+            radius[(h0 + h) * ld + i - begin] = out_r[h * T + i - tile * T];
+          }
       }
     }
   }
 
  private:
-  index_t block_length(index_t b) const { return std::min(block_dims, d_ - b * block_dims); }
+  static constexpr index_t heads_per_pass = 4;
 
-  // Block layout: byte j holds element j (low nibble) and element j + ceil(len/2) (high).
-  void quantize_row(const float* row, std::uint8_t* codes, half* params) const {
+  // Centers and radii of heads [h0, h0 + H) for the 16 tokens of one tile.
+  template <index_t H>
+  void scan_tile(const quantized_query& p, index_t h0, index_t tile, float* out_c, float* out_r) const {
+    using lanes = xsimd::batch<float>;
+    constexpr index_t T = tile_tokens, L = lanes::size, V = T / L;
+    static_assert(T % L == 0, "a tile must hold whole vectors");
+    const std::uint8_t* c = codes_.data() + tile * tile_code_bytes();
+    const half* prm = params_.data() + tile * tile_params();
+    alignas(64) float offset[T], scale[T], spread[T], even[T], odd[T];
+    lanes centers[H][V], radii[H][V];
+    for (index_t h = 0; h < H; ++h)
+      for (index_t v = 0; v < V; ++v) centers[h][v] = radii[h][v] = lanes(0.f);
+    for (index_t b = 0; b < blocks_; ++b) {
+      widen(prm + b * 2 * T, offset);
+      widen(prm + b * 2 * T + T, scale);
+      // Rounding to the nearest code leaves scale/2 per element; the rest covers float
+      // rounding of the dot products here and in any executor's exact score.
+      for (index_t j = 0; j < T; ++j)
+        spread[j] = scale[j] * (0.5f + 1e-4f) + 4e-5f * (std::fabs(offset[j]) + 16.f * scale[j]);
+      lanes dot[H][V];
+      for (index_t h = 0; h < H; ++h)
+        for (index_t v = 0; v < V; ++v) dot[h][v] = lanes(0.f);
+      const std::uint8_t* cb = c + b * (block_dims / 2) * T;
+      for (index_t pair = 0; pair < block_dims / 2; ++pair) {
+        for (index_t j = 0; j < T; ++j) {
+          const int byte = cb[pair * T + j];  // signed: converts to float in vector lanes
+          even[j] = static_cast<float>(byte & 15);
+          odd[j] = static_cast<float>(byte >> 4);
+        }
+        for (index_t v = 0; v < V; ++v) {
+          const lanes e = lanes::load_aligned(even + v * L), o = lanes::load_aligned(odd + v * L);
+          for (index_t h = 0; h < H; ++h) {
+            const float* qb = p.rows.data() + (h0 + h) * p.padded_d + b * block_dims + 2 * pair;
+            dot[h][v] = xsimd::fma(lanes(qb[0]), e, xsimd::fma(lanes(qb[1]), o, dot[h][v]));
+          }
+        }
+      }
+      for (index_t h = 0; h < H; ++h) {
+        const lanes sum(p.sums[(h0 + h) * blocks_ + b]), l1(p.l1[(h0 + h) * blocks_ + b]);
+        for (index_t v = 0; v < V; ++v) {
+          centers[h][v] = xsimd::fma(lanes::load_aligned(offset + v * L), sum,
+                                     xsimd::fma(lanes::load_aligned(scale + v * L), dot[h][v], centers[h][v]));
+          radii[h][v] = xsimd::fma(lanes::load_aligned(spread + v * L), l1, radii[h][v]);
+        }
+      }
+    }
+    for (index_t h = 0; h < H; ++h)
+      for (index_t v = 0; v < V; ++v) {
+        centers[h][v].store_aligned(out_c + h * T + v * L);
+        radii[h][v].store_aligned(out_r + h * T + v * L);
+      }
+  }
+
+  // Codes of a tile: [element pair][16 bytes]; byte j holds token j's even element (low
+  // nibble) and odd element (high nibble). Params of a tile: [block][offset x16, scale x16].
+  index_t tile_code_bytes() const { return blocks_ * (block_dims / 2) * tile_tokens; }
+  index_t tile_params() const { return blocks_ * 2 * tile_tokens; }
+
+  static void widen(const half* src, float* dst) { detail::widen(src, dst, tile_tokens); }
+
+  // Offset rounded down and scale rounded up, so every element lies in [offset, offset + 15 scale].
+  void quantize_row(const float* row, index_t i) {
+    const index_t tile = i / tile_tokens, j = i % tile_tokens;
+    std::uint8_t* c = codes_.data() + tile * tile_code_bytes();
+    half* prm = params_.data() + tile * tile_params();
     for (index_t b = 0; b < blocks_; ++b) {
       const float* x = row + b * block_dims;
-      const index_t len = block_length(b), half_len = (len + 1) / 2;
+      const index_t len = std::min(block_dims, d_ - b * block_dims);
       const auto [lo, hi] = std::minmax_element(x, x + len);
-      // Offset rounded down and scale rounded up, so every element lies in [offset, offset + 15 scale].
       const half offset = detail::half_not_above(*lo);
       const float off = offset.to_float();
       const half scale = detail::half_not_below((*hi - off) / 15.f * (1.f + 1e-6f));
       const float sc = scale.to_float();
-      params[2 * b] = offset;
-      params[2 * b + 1] = scale;
-      for (index_t j = 0; j < half_len; ++j) {
-        const std::uint8_t low = code(x[j], off, sc);
-        const std::uint8_t high = j + half_len < len ? code(x[j + half_len], off, sc) : 0;
-        codes[j] = static_cast<std::uint8_t>(low | (high << 4));
+      prm[b * 2 * tile_tokens + j] = offset;
+      prm[b * 2 * tile_tokens + tile_tokens + j] = scale;
+      for (index_t t = 0; t < len; ++t) {
+        std::uint8_t& byte = c[(b * block_dims + t) / 2 * tile_tokens + j];
+        const std::uint8_t q = code(x[t], off, sc);
+        byte = t % 2 == 0 ? static_cast<std::uint8_t>((byte & 0xf0u) | q)
+                          : static_cast<std::uint8_t>((byte & 0x0fu) | (q << 4));
       }
-      codes += half_len;
     }
   }
 
@@ -146,22 +210,9 @@ class quantized_keys {
     return static_cast<std::uint8_t>(std::clamp(c, 0.f, 15.f));
   }
 
-  // Eight independent lanes so that the compiler vectorises without reassociating.
-  static float dot32(const float* q, const float* c) {
-    float acc[8] = {};
-    for (index_t t = 0; t < block_dims; t += 8)
-      for (index_t l = 0; l < 8; ++l) acc[l] += q[t + l] * c[t + l];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  }
-  static float dot_n(const float* q, const float* c, index_t len) {
-    float acc = 0.f;
-    for (index_t t = 0; t < len; ++t) acc += q[t] * c[t];
-    return acc;
-  }
-
-  index_t n_ = 0, d_ = 0, blocks_ = 0, code_bytes_ = 0;
-  std::vector<std::uint8_t> codes_;  // [n, code_bytes]
-  std::vector<half> params_;         // [n, blocks, 2]: offset, scale
+  index_t n_ = 0, d_ = 0, blocks_ = 0;
+  std::vector<std::uint8_t> codes_;  // [tiles, tile_code_bytes]
+  std::vector<half> params_;         // [tiles, tile_params]
 };
 
 }  // namespace floe

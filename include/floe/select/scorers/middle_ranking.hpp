@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -15,11 +17,29 @@
 
 namespace floe::select::ranking {
 
+// Per-thread scratch of at least `count` floats that keeps its memory between calls: the
+// scans allocate megabytes per step, and fresh pages cost more than the scan itself.
+// One buffer per Tag; contents are unspecified on entry.
+template <class Tag>
+float* scratch(index_t count) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
 // The head-wise maxima c_h of scores laid out [heads, ld] over `count` tokens.
 inline std::vector<float> head_maxima(const float* scores, index_t heads, index_t count, index_t ld) {
-  std::vector<float> c(heads, -std::numeric_limits<float>::infinity());
-  for (index_t h = 0; h < heads; ++h)
-    for (index_t i = 0; i < count; ++i) c[h] = std::max(c[h], scores[h * ld + i]);
+  std::vector<float> c(heads);
+  for (index_t h = 0; h < heads; ++h) {
+    float lane[16];  // independent lanes, so the loop vectorises
+    for (float& x : lane) x = -std::numeric_limits<float>::infinity();
+    const float* z = scores + h * ld;
+    index_t i = 0;
+    for (; i + 16 <= count; i += 16)
+      for (index_t l = 0; l < 16; ++l) lane[l] = z[i + l] > lane[l] ? z[i + l] : lane[l];
+    for (; i < count; ++i) lane[0] = z[i] > lane[0] ? z[i] : lane[0];
+    c[h] = *std::max_element(lane, lane + 16);
+  }
   return c;
 }
 
@@ -55,12 +75,28 @@ inline std::vector<index_t> top_k(const float* key, index_t count, index_t k, co
   return order;
 }
 
-// The k-th largest key (k >= 1), or -inf when k exceeds count.
+// The k-th largest key (k >= 1), or -inf when k exceeds count. A histogram of the top 12
+// bits of the order-preserving integer image finds the bucket holding it; only that
+// bucket is sorted partially. No key may be NaN.
 inline float kth_largest(const float* key, index_t count, index_t k) {
   if (k == 0 || k > count) return -std::numeric_limits<float>::infinity();
-  std::vector<float> copy(key, key + count);
-  std::nth_element(copy.begin(), copy.begin() + static_cast<std::ptrdiff_t>(k - 1), copy.end(), std::greater<float>{});
-  return copy[k - 1];
+  auto bucket = [](float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return (u & 0x80000000u ? ~u : u | 0x80000000u) >> 20;
+  };
+  std::vector<index_t> histogram(4096, 0);
+  for (index_t i = 0; i < count; ++i) ++histogram[bucket(key[i])];
+  index_t above = 0, b = 4096;
+  while (above + histogram[b - 1] < k) above += histogram[--b];
+  --b;
+  std::vector<float> inside;
+  inside.reserve(histogram[b]);
+  for (index_t i = 0; i < count; ++i)
+    if (bucket(key[i]) == b) inside.push_back(key[i]);
+  const auto nth = inside.begin() + static_cast<std::ptrdiff_t>(k - above - 1);
+  std::nth_element(inside.begin(), nth, inside.end(), std::greater<float>{});
+  return *nth;
 }
 
 // Top-p: the fewest tokens whose estimated share of the middle's attention reaches p,

@@ -10,20 +10,23 @@
 #include <string_view>
 #include <vector>
 
+#include <xsimd/xsimd.hpp>
+
 #include "floe/core/budget.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
 #include "floe/core/stats.hpp"
 #include "floe/index/quantized_keys.hpp"
+#include "floe/index/widen.hpp"
 #include "floe/select/scorers/middle_ranking.hpp"
 
 namespace floe::select {
 
 struct quantized_scan {
   static constexpr std::string_view name = "quantized_scan";
-  // Re-rank at most ceil(rerank_factor * k) candidates, the best by estimate, when the
-  // bounds admit more; 0 re-ranks all the bounds admit (then the exact top k is found).
+  // Re-rank only the admitted tokens among the ceil(rerank_factor * k) best by estimate;
+  // 0 re-ranks every token the bounds admit (then the exact top k is always found).
   double rerank_factor = 2.0;
 
   using index = quantized_keys;
@@ -32,81 +35,99 @@ struct quantized_scan {
   index build(const KV& kv) const { return quantized_keys::build(kv); }
 
   // The tokens of `middle` (absolute positions, ascending) whose shared-score upper bound
-  // reaches the k-th largest lower bound, before any cap; and the estimates behind them.
+  // reaches the k-th largest lower bound, cut to the best by estimate when capped.
   struct candidate_set {
     index_t k = 0;                // tokens to keep (resolved from a mass budget)
     std::vector<index_t> tokens;
-    std::vector<float> estimate;  // [heads, middle]: estimated scores
     std::vector<float> offsets;   // c_h: head h's largest estimate
-    std::vector<float> shared;    // [middle]: shared score of the estimates
   };
 
   candidate_set candidates(const index& idx, const query_group& q, token_range middle, index_t k, const budget& b,
                            stats& io) const {
+    struct estimate_tag;
+    struct radius_tag;
+    struct lower_tag;
+    struct upper_tag;
+    struct shared_tag;
     const index_t n = middle.size(), g = q.heads;
     candidate_set cs;
-    cs.estimate.resize(g * n);
-    std::vector<float> radius(g * n);
-    idx.scan(idx.prepare(q), middle.begin, middle.end, cs.estimate.data(), radius.data(), n);
+    float* estimate = ranking::scratch<estimate_tag>(g * n);
+    float* radius = ranking::scratch<radius_tag>(g * n);
+    idx.scan(idx.prepare(q), middle.begin, middle.end, estimate, radius, n);
     io.summary_bytes += static_cast<std::uint64_t>(n) * idx.bytes_per_token();
-    if (b.kind == budget::unit::mass) k = ranking::top_p_count(cs.estimate.data(), g, n, n, b);
-    cs.offsets = ranking::head_maxima(cs.estimate.data(), g, n, n);
-    cs.shared.resize(n);
-    ranking::shared_scores(cs.estimate.data(), g, n, n, cs.offsets, cs.shared.data());
+    if (b.kind == budget::unit::mass) k = ranking::top_p_count(estimate, g, n, n, b);
     cs.k = k;
+    cs.offsets = ranking::head_maxima(estimate, g, n, n);
     if (k == 0) return cs;
-    std::vector<float> lower(n), upper(n);
-    for (index_t i = 0; i < n; ++i) {
-      lower[i] = cs.estimate[i] - radius[i] - cs.offsets[0];
-      upper[i] = cs.estimate[i] + radius[i] - cs.offsets[0];
+    float* lower = ranking::scratch<lower_tag>(n);
+    float* upper = ranking::scratch<upper_tag>(n);
+    float* shared = ranking::scratch<shared_tag>(n);
+    for (index_t h = 0; h < g; ++h) {
+      const float* e = estimate + h * n;
+      const float* r = radius + h * n;
+      const float c = cs.offsets[h];
+      if (h == 0)
+        for (index_t i = 0; i < n; ++i) {
+          lower[i] = e[i] - r[i] - c;
+          upper[i] = e[i] + r[i] - c;
+          shared[i] = e[i] - c;
+        }
+      else
+        for (index_t i = 0; i < n; ++i) {
+          lower[i] = std::max(lower[i], e[i] - r[i] - c);
+          upper[i] = std::max(upper[i], e[i] + r[i] - c);
+          shared[i] = std::max(shared[i], e[i] - c);
+        }
     }
-    for (index_t h = 1; h < g; ++h)
-      for (index_t i = 0; i < n; ++i) {
-        lower[i] = std::max(lower[i], cs.estimate[h * n + i] - radius[h * n + i] - cs.offsets[h]);
-        upper[i] = std::max(upper[i], cs.estimate[h * n + i] + radius[h * n + i] - cs.offsets[h]);
-      }
-    const float threshold = ranking::kth_largest(lower.data(), n, k);
+    const float threshold = ranking::kth_largest(lower, n, k);
+    const auto cap = static_cast<index_t>(std::ceil(rerank_factor * static_cast<double>(k)));
+    const float best = rerank_factor > 0 && cap < n ? ranking::kth_largest(shared, n, cap)
+                                                    : -std::numeric_limits<float>::infinity();
+    cs.tokens.reserve(std::min(n, rerank_factor > 0 ? cap + 64 : n));
     for (index_t i = 0; i < n; ++i)
-      if (upper[i] >= threshold) cs.tokens.push_back(middle.begin + i);
+      if (upper[i] >= threshold && shared[i] >= best) cs.tokens.push_back(middle.begin + i);
     return cs;
   }
 
   // Adds the chosen tokens of `middle` to `out` in increasing order. Returns true when
   // the exact keys of every chosen token were read (and counted) for the re-rank.
   template <KvView KV, class Exec>
-  bool choose(const index& idx, const KV& kv, const query_group& q, const Exec& exec, token_range middle, index_t k,
+  bool choose(const index& idx, const KV& kv, const query_group& q, const Exec&, token_range middle, index_t k,
               const budget& b, selection& out, stats& io) const {
     require(idx.d() == kv.d(), "index", "4-bit keys of d = ", idx.d(), " for a cache of d = ", kv.d());
-    candidate_set cs = candidates(idx, q, middle, k, b, io);
+    const candidate_set cs = candidates(idx, q, middle, k, b, io);
     k = cs.k;
     if (k >= middle.size()) {
       out.add(middle.begin, middle.end);
       return false;
     }
-    std::vector<index_t>& cand = cs.tokens;
-    const auto cap = static_cast<index_t>(std::ceil(rerank_factor * static_cast<double>(k)));
-    if (rerank_factor > 0 && cand.size() > cap) {
-      for (index_t& t : cand) t -= middle.begin;
-      cand = ranking::top_k(cs.shared.data(), middle.size(), cap, &cand);
-      for (index_t& t : cand) t += middle.begin;
-    }
+    const std::vector<index_t>& cand = cs.tokens;
     if (cand.size() <= k) {  // nothing to re-rank: attend them all
       for (index_t t : cand) out.add(t, t + 1);
       return false;
     }
-    // Exact shared scores of the candidates, scored run by run.
-    const index_t m = cand.size();
-    std::vector<float> z(q.heads * m), exact(m);
+    // Exact scores of the candidates, each key widened once and dotted with every head.
+    using lanes = xsimd::batch<float>;
+    constexpr index_t L = lanes::size;
+    const index_t m = cand.size(), d = kv.d(), padded = (d + L - 1) / L * L;
+    std::vector<float> queries(q.heads * padded, 0.f), row(padded, 0.f), z(q.heads * m);
     for (index_t h = 0; h < q.heads; ++h)
-      for (index_t j = 0; j < m;) {
-        index_t e = j + 1;
-        while (e < m && cand[e] == cand[e - 1] + 1) ++e;
-        exec.score(kv, q, h, token_range{cand[j], cand[e - 1] + 1}, z.data() + h * m + j);
-        j = e;
+      for (index_t t = 0; t < d; ++t) queries[h * padded + t] = q.scale * q.row(h)[t];
+    constexpr index_t ahead = 8;  // rows in flight: the gather is latency-bound
+    for (index_t j = 0; j < m; ++j) {
+      if (j + ahead < m) detail::prefetch_row(kv.key_row(cand[j + ahead]), d);
+      detail::widen(kv.key_row(cand[j]), row.data(), d);
+      for (index_t h = 0; h < q.heads; ++h) {
+        lanes acc(0.f);
+        for (index_t t = 0; t < padded; t += L)
+          acc = xsimd::fma(lanes::load_unaligned(queries.data() + h * padded + t), lanes::load_unaligned(row.data() + t), acc);
+        z[h * m + j] = xsimd::hadd(acc);
       }
+    }
     io.key_bytes += static_cast<std::uint64_t>(m) * kv.d() * sizeof(typename KV::element_type);
+    std::vector<float> exact(cand.size());
     ranking::shared_scores(z.data(), q.heads, m, m, cs.offsets, exact.data());
-    for (index_t j : ranking::top_k(exact.data(), m, k)) out.add(cand[j], cand[j] + 1);
+    for (index_t j : ranking::top_k(exact.data(), cand.size(), k)) out.add(cand[j], cand[j] + 1);
     return true;
   }
 };

@@ -1,0 +1,105 @@
+// Decode-step speed of topk_anchors (+none, +feature_map) against dense decode, in the
+// same run, on floe::exec::simd: N tokens (default 128K), d = dv = 128, fp16 KV, GQA
+// group g = 4, 8 KV heads (512 MiB of KV at 128K, more than the last-level cache).
+// One iteration = one decode step of every KV head, on one thread.
+// docs/methods/retrieval-completion.md, "speed".
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "floe/estimator.hpp"
+#include "floe/exec/simd.hpp"
+#include "floe/residual/feature_map.hpp"
+#include "floe/residual/none.hpp"
+#include "floe/select/dense.hpp"
+#include "floe/select/scorers/quantized_scan.hpp"
+#include "floe/select/topk_anchors.hpp"
+
+namespace {
+using floe::index_t;
+
+index_t env_or(const char* name, index_t fallback) {
+  const char* v = std::getenv(name);
+  return v ? static_cast<index_t>(std::strtoull(v, nullptr, 10)) : fallback;
+}
+
+// The KV cache of every head and the queries of one step, built once.
+struct workload {
+  index_t n = env_or("FLOE_BENCH_N", 131072), d = 128, dv = 128, g = 4, heads = env_or("FLOE_BENCH_KV_HEADS", 8);
+  std::vector<std::vector<floe::half>> keys, values;
+  std::vector<float> queries;
+
+  workload() {
+    std::mt19937_64 rng(42);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    keys.resize(heads);
+    values.resize(heads);
+    for (index_t h = 0; h < heads; ++h) {
+      keys[h].resize(n * d);
+      values[h].resize(n * dv);
+      for (auto& x : keys[h]) x = floe::half::from_float(normal(rng));
+      for (auto& x : values[h]) x = floe::half::from_float(normal(rng));
+    }
+    queries.resize(heads * g * d);
+    for (auto& x : queries) x = 1.5f * normal(rng);
+  }
+  floe::kv_view<floe::half> kv(index_t h) const { return {keys[h].data(), values[h].data(), n, d, dv}; }
+  floe::query_group q(index_t h) const { return floe::query_group::make(queries.data() + h * g * d, g, d); }
+};
+
+const workload& data() {
+  static const workload w;
+  return w;
+}
+
+// Runs decode steps of `est` over every KV head; the states are built outside the timing.
+template <class Est>
+void run(benchmark::State& bench, const Est& est) {
+  const workload& w = data();
+  const floe::exec::simd exec;
+  std::vector<typename Est::state> states;
+  for (index_t h = 0; h < w.heads; ++h) states.push_back(est.build(w.kv(h)));
+  std::vector<float> out(w.g * w.dv);
+  floe::stats io;
+  for (auto _ : bench) {
+    for (index_t h = 0; h < w.heads; ++h)
+      est.decode(states[h], w.kv(h), w.q(h), exec, floe::output_group<float>{out.data(), w.g, w.dv, 0}, io);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double steps = static_cast<double>(bench.iterations());
+  bench.counters["MiB_read_per_step"] = static_cast<double>(io.bytes_read()) / steps / (1 << 20);
+  bench.counters["exact_tokens_per_head"] = static_cast<double>(io.tokens_read) / steps / static_cast<double>(w.heads);
+  bench.counters["index_MiB_per_head"] = static_cast<double>(states[0].bytes()) / (1 << 20);
+  bench.SetLabel(std::string(exec.name) + " arch " + std::to_string(static_cast<int>(exec.arch())));
+}
+
+// topk_anchors reading 5 % of the cache exactly: 4 sinks, a 64-token window, the rest Top-K.
+floe::select::topk_anchors<floe::select::quantized_scan> five_percent(index_t n) {
+  const index_t total = n / 20;
+  return {4, 64, floe::budget::tokens(total - 68), {}};
+}
+
+void dense(benchmark::State& s) { run(s, floe::estimator<floe::select::dense, floe::residual::none>{}); }
+
+void topk_quantized_none(benchmark::State& s) {
+  using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
+  run(s, floe::estimator<sel, floe::residual::none>(five_percent(data().n), {}));
+}
+
+void topk_quantized_feature_map(benchmark::State& s) {
+  using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
+  floe::residual::feature_map<> fm;
+  fm.map.features = static_cast<index_t>(s.range(0));
+  run(s, floe::estimator<sel, floe::residual::feature_map<>>(five_percent(data().n), fm));
+}
+}  // namespace
+
+BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_none)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_feature_map)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check
+
+BENCHMARK_MAIN();
