@@ -4,7 +4,7 @@
 #pragma once
 
 #if !defined(FLOE_SIMD_BUILDING_LIBRARY)
-#error "floe/exec/simd/instantiate_scalar.hpp is compiled only into floe::simd; include floe/exec/simd.hpp"
+#error "floe/exec/simd/instantiate_scalar.ipp is compiled only into floe::simd; include floe/exec/simd.hpp"
 #endif
 
 #include "floe/exec/simd/attend_kernel.hpp"

@@ -4,7 +4,7 @@
 #pragma once
 
 #if !defined(FLOE_SIMD_BUILDING_LIBRARY)
-#error "floe/exec/simd/instantiate_avx512.hpp is compiled only into floe::simd; include floe/exec/simd.hpp"
+#error "floe/exec/simd/instantiate_avx512.ipp is compiled only into floe::simd; include floe/exec/simd.hpp"
 #endif
 
 // GCC 12's own _mm512_undefined_ps() trips -W(maybe-)uninitialized (GCC PR 105593).
