@@ -4,7 +4,7 @@
 //
 //   decode_bench [--benchmark_format=json] [--benchmark_filter=...]
 //   FLOE_BENCH_STREAM_MIB=1024       buffer of the streaming-read measurement
-//   FLOE_BENCH_WORKING_SET_MIB=1024  KV copies rotated per iteration (a cold cache, as in a
+//   FLOE_BENCH_WORKING_SET_MIB=2048  KV copies rotated per iteration (a cold cache, as in a
 //                                    model whose other layers evict this one between steps)
 //   FLOE_SIMD_ARCH=avx512|avx2|scalar
 #include <benchmark/benchmark.h>
@@ -54,18 +54,20 @@ std::map<index_t, double> stream_gbps;  // threads -> median streaming-read GB/s
 
 // KV caches of one batch-1 decode step (Hkv heads of N tokens), in `copies` independent
 // copies so that rotating through them keeps the working set far above the LLC.
+constexpr index_t selections = 31;  // gathered selections in rotation (prime: decoupled from copies)
+
 template <class T>
 struct kv_set {
   shape_config shape;
   index_t n, copies;
   std::vector<T> storage;                   // [copy][head][keys n*d | values n*d]
   std::vector<std::int32_t> table;          // a shuffled block table (16-token blocks)
-  std::vector<std::vector<token_range>> exact;  // per head: the gathered selection
+  std::vector<std::vector<std::vector<token_range>>> exact;  // [selection][head]: gathered ranges
   std::vector<float> queries, outputs;      // [copy][Hq][d]
 
   kv_set(shape_config s, index_t n_) : shape(s), n(n_) {
     const std::size_t head_elems = 2 * n * s.d, copy_elems = head_elems * s.kv_heads;
-    copies = std::max<std::size_t>(2, (env_mib("FLOE_BENCH_WORKING_SET_MIB", 1024) + copy_elems * sizeof(T) - 1) /
+    copies = std::max<std::size_t>(2, (env_mib("FLOE_BENCH_WORKING_SET_MIB", 2048) + copy_elems * sizeof(T) - 1) /
                                           (copy_elems * sizeof(T)));
     storage.resize(copy_elems * copies);
     std::mt19937_64 g(42);
@@ -77,16 +79,20 @@ struct kv_set {
     table.resize(n / 16);
     for (index_t b = 0; b < table.size(); ++b) table[b] = static_cast<std::int32_t>(b);
     std::shuffle(table.begin(), table.end(), g);
+    // Fresh selections rotate independently of the copies, so that what gathered decode
+    // reads over many steps is spread over the whole working set, not a cached 5% of it.
     const index_t slots = n / 64, chosen = std::max<index_t>(1, (n / 20 + 32) / 64);
-    for (index_t h = 0; h < s.kv_heads; ++h) {
-      std::vector<index_t> ids(slots);
-      for (index_t i = 0; i < slots; ++i) ids[i] = i;
-      std::shuffle(ids.begin(), ids.end(), g);
-      ids.resize(chosen);
-      std::sort(ids.begin(), ids.end());
-      exact.emplace_back();
-      for (index_t id : ids) exact.back().push_back({id * 64, id * 64 + 64});
-    }
+    exact.resize(selections);
+    for (auto& selection : exact)
+      for (index_t h = 0; h < s.kv_heads; ++h) {
+        std::vector<index_t> ids(slots);
+        for (index_t i = 0; i < slots; ++i) ids[i] = i;
+        std::shuffle(ids.begin(), ids.end(), g);
+        ids.resize(chosen);
+        std::sort(ids.begin(), ids.end());
+        selection.emplace_back();
+        for (index_t id : ids) selection.back().push_back({id * 64, id * 64 + 64});
+      }
     queries.resize(copies * s.q_heads * s.d);
     for (auto& x : queries) x = normal(g);
     outputs.resize(copies * s.q_heads * s.d);
@@ -169,13 +175,14 @@ void bm_decode(benchmark::State& state, shape_config s, index_t n, executor_kind
   floe::thread_pool pool(threads);
   const floe::exec::simd simd(pool);
   const float scale = 1.f / std::sqrt(static_cast<float>(s.d));
-  const index_t tokens = access == access_kind::gathered ? set.exact[0].size() * 64 : n;
-  const auto exact = access == access_kind::gathered ? &set.exact : nullptr;
+  const bool gathered = access == access_kind::gathered;
+  const index_t tokens = gathered ? set.exact[0][0].size() * 64 : n;
   auto run = [&](auto& views) {
     fill_batches(set, views);
-    index_t copy = 0;
+    index_t copy = 0, selection = 0;
     for (auto _ : state) {
       const auto& seq = views.batch[copy];
+      const auto* exact = gathered ? &set.exact[selection] : nullptr;
       if (exec_kind == executor_kind::scalar) {
         scalar_decode(seq[0], s, scale, exact, pool);
       } else {
@@ -186,6 +193,7 @@ void bm_decode(benchmark::State& state, shape_config s, index_t n, executor_kind
       benchmark::DoNotOptimize(seq[0].out[0]);
       benchmark::ClobberMemory();
       copy = (copy + 1) % set.copies;
+      selection = (selection + 1) % selections;
     }
   };
   if (access == access_kind::paged16) {

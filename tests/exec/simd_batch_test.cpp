@@ -142,7 +142,7 @@ TEMPLATE_TEST_CASE("simd dense batch decode matches the scalar reference over th
   }
 }
 
-TEST_CASE("simd gathered batch decode matches the scalar reference; no ranges give zeros", "[exec][simd][batch]") {
+TEST_CASE("simd gathered batch decode matches the scalar reference and no ranges give zeros", "[exec][simd][batch]") {
   INFO("seed " << ft::seed());
   const auto arch = GENERATE(from_range(ft::runnable_archs()));
   const index_t threads = GENERATE(1, 4);

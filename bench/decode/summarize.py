@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Turns decode_bench's --benchmark_format=json output into the tables of docs/benchmarks.md.
+
+    decode_bench --benchmark_format=json --benchmark_out=decode.json
+    python3 bench/decode/summarize.py decode.json
+"""
+import json
+import re
+import sys
+
+NAME = re.compile(r"decode/(?P<exec>simd|scalar)/(?P<access>dense|gathered|paged16)/(?P<type>\w+)/"
+                  r"(?P<shape>d\d+_hq\d+_hkv\d+)/N:(?P<n>\d+)/threads:(?P<threads>\d+)")
+
+
+def main(path):
+    with open(path) as f:
+        report = json.load(f)
+    ctx = report["context"]
+    print(f"host: {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs, load average "
+          f"{', '.join(f'{x:.2f}' for x in ctx.get('load_avg', []))}; floe_simd_arch {ctx.get('floe_simd_arch', '?')}")
+    rows = {}
+    for b in report["benchmarks"]:
+        if b["name"].startswith("stream_read"):
+            print(f"{b['name'].split('/iterations')[0]}: median {b['GB/s']:.2f} GB/s, best {b['best_GB/s']:.2f} GB/s")
+            continue
+        m = NAME.match(b["name"])
+        if not m:
+            continue
+        key = (m["type"], m["shape"], int(m["n"]), int(m["threads"]))
+        rows.setdefault(key, {})[(m["exec"], m["access"])] = b
+    print()
+    print("| KV | shape | N | thr | simd dense ms | GB/s | bw_fraction | scalar dense ms | speedup "
+          "| simd gathered GB/s | gathered/dense | scalar gathered ms | paged16 GB/s | paged/dense |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for key in sorted(rows, key=lambda k: (k[1] != "d128_hq32_hkv8", k[0], k[2], k[3])):
+        r = rows[key]
+        dense, sdense = r.get(("simd", "dense")), r.get(("scalar", "dense"))
+        gath, sgath, paged = r.get(("simd", "gathered")), r.get(("scalar", "gathered")), r.get(("simd", "paged16"))
+        cell = lambda b, k, fmt: fmt.format(b[k]) if b else "-"
+        speedup = f"{sdense['real_time'] / dense['real_time']:.1f}x" if dense and sdense else "-"
+        g_ratio = f"{gath['GB/s'] / dense['GB/s']:.2f}" if gath and dense else "-"
+        p_ratio = f"{paged['GB/s'] / dense['GB/s']:.2f}" if paged and dense else "-"
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {cell(dense, 'real_time', '{:.2f}')} "
+              f"| {cell(dense, 'GB/s', '{:.2f}')} | {cell(dense, 'bw_fraction', '{:.2f}')} "
+              f"| {cell(sdense, 'real_time', '{:.1f}')} | {speedup} | {cell(gath, 'GB/s', '{:.2f}')} | {g_ratio} "
+              f"| {cell(sgath, 'real_time', '{:.2f}')} | {cell(paged, 'GB/s', '{:.2f}')} | {p_ratio} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "decode.json")
