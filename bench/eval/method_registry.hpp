@@ -10,9 +10,17 @@
 #include "floe/any_estimator.hpp"
 #include "floe/core/budget.hpp"
 #include "floe/estimator.hpp"
+#include "floe/residual/feature_map.hpp"
+#include "floe/residual/feature_maps/optimized_positive_random.hpp"
+#include "floe/residual/gaussian_moments.hpp"
 #include "floe/residual/none.hpp"
 #include "floe/select/dense.hpp"
+#include "floe/select/mog_clusters.hpp"
 #include "floe/select/oracle_topk.hpp"
+#include "floe/select/scorers/exact_scan.hpp"
+#include "floe/select/scorers/page_bounds.hpp"
+#include "floe/select/scorers/quantized_scan.hpp"
+#include "floe/select/topk_anchors.hpp"
 #include "floe/select/streaming.hpp"
 
 namespace floe::eval {
@@ -46,6 +54,25 @@ std::vector<method_entry<E>> registered_methods() {
                 [](budget b, index_t n) { return estimator<sel::streaming, res::none>{sel::streaming::with_budget(b.resolve(n)), {}}; }),
       method<E>("oracle_topk", "exact top-K by true attention weight (GQA group sum); selection only; scans every key",
                 [](budget b, index_t n) { return estimator<sel::oracle_topk, res::none>{{b.resolve(n)}, {}}; }),
+      method<E>("mog", "MoG: ~sqrt(N) key clusters, ~ln N subclusters; best subclusters exact, the rest from Gaussian moments", [](budget b, index_t n) { return estimator<sel::mog_clusters, res::gaussian_moments>{sel::mog_clusters::with_budget(b, n), {}}; }),
+      method<E>("mog_clusters+none", "MoG's selection with the residual dropped (ablation of mog)", [](budget b, index_t n) { return estimator<sel::mog_clusters, res::none>{sel::mog_clusters::with_budget(b, n), {}}; }),
+      // Retrieval-completion (docs/methods/retrieval-completion.md): 4 sinks, a window of min(64, k/4), Top-K of the middle.
+      method<E>("topk_anchors:exact_scan+none", "sink + tail + exact Top-K of the middle (scans every key); selection only",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::exact_scan>, res::none>{sel::topk_anchors<sel::exact_scan>::with_budget(b.resolve(n)), {}}; }),
+      method<E>("topk_anchors:exact_scan+feature_map", "as topk_anchors:exact_scan+none, plus the middle's left-out mass from positive random features (M = 64)",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::exact_scan>, res::feature_map<>>{sel::topk_anchors<sel::exact_scan>::with_budget(b.resolve(n)), {{64}}}; }),
+      method<E>("topk_anchors:quantized_scan+none", "sink + tail + Top-K by a 4-bit key scan with bounds, exact re-rank of 2K candidates; selection only",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::none>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {}}; }),
+      method<E>("topk_anchors:quantized_scan+feature_map", "as topk_anchors:quantized_scan+none, plus positive random features (M = 64) for the left-out middle",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}}}; }),
+      method<E>("topk_anchors:quantized_scan+feature_map:optimized", "as topk_anchors:quantized_scan+feature_map with the variance-optimised positive features (M = 64)",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<res::optimized_positive_random>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}}}; }),
+      method<E>("topk_anchors:page_bounds+none", "sink + tail + the pages (16 tokens) of largest Quest bound in the middle; selection only",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::none>{sel::topk_anchors<sel::page_bounds>::with_budget(b.resolve(n)), {}}; }),
+      method<E>("topk_anchors:page_bounds+feature_map", "as topk_anchors:page_bounds+none, plus positive random features (M = 64) for the left-out middle",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::feature_map<>>{sel::topk_anchors<sel::page_bounds>::with_budget(b.resolve(n)), {{64}}}; }),
+      method<E>("page_bounds", "Quest: pages of 16 tokens with the largest min/max score bound, no anchors; selection only",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::none>{{0, 0, budget::tokens(b.resolve(n)), {16}}, {}}; }),
   };
 }
 

@@ -100,8 +100,6 @@ class feature_map_summary {
   std::vector<feature_mass> estimate(const KV& kv, const query_group& q, std::span<const token_range> exact) const {
     require(kv.d() == d_ && kv.dv() == dv_, "kv", "summary built for d = ", d_, ", dv = ", dv_,
             "; the view has d = ", kv.d(), ", dv = ", kv.dv());
-    require(std::fabs(q.scale - params_.scale) <= 1e-6f * params_.scale, "scale", "the feature map was drawn for scale ",
-            params_.scale, ", the query uses ", q.scale);
     check_covered(exact, {0, region_.begin}, kv.n());
     check_covered(exact, {region_.end, kv.n()}, kv.n());
     std::vector<token_range> inside;
@@ -117,8 +115,10 @@ class feature_map_summary {
 
     const index_t g = q.heads;
     row_matrix qrows(static_cast<Eigen::Index>(g), static_cast<Eigen::Index>(d_));
+    // s q.k = s0 (s/s0 q).k: a query of another scale is rescaled to the map's own s0.
+    const float rescale = q.scale / params_.scale;
     for (index_t h = 0; h < g; ++h)
-      for (index_t t = 0; t < d_; ++t) qrows(h, t) = q.row(h)[t];
+      for (index_t t = 0; t < d_; ++t) qrows(h, t) = rescale * q.row(h)[t];
     // weight_hm = exp(log phi_m(q_h) + sigma_m - ref_h) <= 1
     row_matrix weight = log_features(qrows);
     weight.rowwise() += log_scale_.transpose();

@@ -41,7 +41,7 @@ template <class Map = positive_random>
 struct feature_map {
   static constexpr std::string_view name = detail::feature_map_name<Map>::value;
   Map map{};
-  float scale = 0.f;  // score scale s of the decode queries; 0: 1/sqrt(d)
+  float scale = 0.f;  // score scale the map is drawn for (0: 1/sqrt(d)); other query scales are rescaled
 
   using index = feature_map_summary;
 

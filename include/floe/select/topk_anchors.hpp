@@ -9,6 +9,7 @@
 #include <concepts>
 #include <cstdint>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "floe/core/budget.hpp"
@@ -57,6 +58,13 @@ struct topk_anchors {
   index_t window = 64;    // W
   budget middle_budget = budget::fraction(0.05);  // counts and fractions are of the middle region
   Scorer scorer{};
+
+  // k exact tokens in all: `sink` sinks, a window of up to k/4 (at most `window`), and
+  // the rest Top-K of the middle.
+  static topk_anchors with_budget(index_t k, index_t sink = 4, index_t window = 64, Scorer scorer = {}) {
+    const index_t w = std::min(window, k / 4), s = std::min(sink, k - w);
+    return {s, w, budget::tokens(k - s - w), std::move(scorer)};
+  }
 
   // The scorer's index over every token (tail included, so the middle can grow into it).
   using index = typename Scorer::index;
