@@ -355,3 +355,46 @@ TEST_CASE("mog: an index that does not match the view is rejected", "[mog]") {
     REQUIRE(e.argument() == "kv");
   }
 }
+
+TEST_CASE("mog: a query-sample metric clusters keys by how queries score them", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(725);
+  // Keys: a class signal in dims [0, 4) under loud noise in dims [4, 32); queries look at
+  // the signal only, so Euclidean clusters mix the classes and the query metric does not.
+  const index_t n = 4000, d = 32, dv = 8, classes = 16;
+  random_kv<float> kv(g, n, d, dv, 0, 0, 3.f);
+  const auto centre = floe::testing::random_floats(g, classes * 4, 2.f);
+  const auto value = floe::testing::random_floats(g, classes * dv, 1.f);
+  std::uniform_int_distribution<index_t> pick(0, classes - 1);
+  for (index_t i = 0; i < n; ++i) {
+    const index_t c = pick(g);
+    for (index_t t = 0; t < 4; ++t) kv.keys[i * d + t] = centre[c * 4 + t] + 0.1f * kv.keys[i * d + t];
+    for (index_t j = 0; j < dv; ++j) kv.values[i * dv + j] = value[c * dv + j] + 0.1f * kv.values[i * dv + j];
+  }
+  auto signal_query = [&](index_t count) {
+    auto q = floe::testing::random_floats(g, count * d, 1.5f);
+    for (index_t r = 0; r < count; ++r)
+      for (index_t t = 4; t < d; ++t) q[r * d + t] = 0.f;
+    return q;
+  };
+  mog_config plain;
+  plain.outlier_fraction = 0;
+  mog_config metric = plain;
+  metric.query_sample = signal_query(64);
+  const floe::testing::mog euclid(floe::testing::mog_selector(budget::fraction(0.02), plain), {});
+  const floe::testing::mog probed(floe::testing::mog_selector(budget::fraction(0.02), metric), {});
+  const auto se = euclid.build(kv.view()), sp = probed.build(kv.view());
+  double e_euclid = 0, e_probed = 0;
+  for (int trial = 0; trial < 10; ++trial) {
+    const auto qd = signal_query(1);
+    const auto q = query_group::make(qd.data(), 1, d);
+    const auto want = floe::testing::dense_reference(kv.view(), q);
+    stats s;
+    e_euclid += floe::testing::relative_l2(floe::testing::decode(euclid, se, kv.view(), q, s).data(), want.data(), dv);
+    e_probed += floe::testing::relative_l2(floe::testing::decode(probed, sp, kv.view(), q, s).data(), want.data(), dv);
+  }
+  REQUIRE(e_probed < 0.5 * e_euclid);
+
+  metric.query_sample.resize(33);  // not a multiple of d
+  REQUIRE_THROWS_AS(mog_index::build(kv.view(), metric), floe::invalid_argument);
+}

@@ -4,6 +4,7 @@
 // subcluster by subcluster. docs/methods/mog.md.
 #pragma once
 
+#include <Eigen/Cholesky>
 #include <Eigen/Core>
 #include <algorithm>
 #include <chrono>
@@ -34,6 +35,11 @@ struct mog_config {
   double outlier_fraction = 0.005;  // ... becomes a cluster of its own, for at most this fraction of tokens
   bool cross_covariance = false;  // keep Cov(v, k) per cluster: dv x d floats each
   std::uint64_t seed = 0x6d6f67;
+  // Optional sample of queries (rows of d floats, e.g. the last prefill queries of the GQA
+  // group): k-means then uses the metric E[(q.(k - k'))^2], so that clusters group keys the
+  // queries score alike. Empty: plain Euclidean k-means.
+  std::vector<float> query_sample;
+  double query_metric_ridge = 0.1;  // adds this fraction of the mean eigenvalue to every direction
 };
 
 // log(n E[exp(s q.k)]) for k ~ N(mean, diag(variance)): log n + s q.mean + s^2/2 sum q_t^2 var_t.
@@ -166,7 +172,9 @@ class mog_index {
     const row_matrix keys = read_keys(kv, 0, kv.n());
     check_values(kv, 0, kv.n());
     const auto middle = keys.middleRows(static_cast<Eigen::Index>(sinks_), static_cast<Eigen::Index>(n - sinks_));
-    layout(n > sinks_ ? partition(middle, parallel_for) : std::vector<cluster_members>{}, sinks_);
+    if (n <= sinks_) layout({}, sinks_);
+    else if (cfg_.query_sample.empty()) layout(partition(middle, parallel_for), sinks_);
+    else layout(partition(row_matrix(middle * query_metric_root()), parallel_for), sinks_);
     n_ = n;
     compute_moments(kv, keys, parallel_for);
     n_at_build_ = n;
@@ -177,6 +185,17 @@ class mog_index {
   }
 
   using cluster_members = std::vector<std::vector<std::uint32_t>>;  // subclusters, each increasing positions
+
+  // L with L L^T = E[q q^T] + ridge: Euclidean distance of k L is the query metric.
+  row_matrix query_metric_root() const {
+    const auto rows = static_cast<Eigen::Index>(cfg_.query_sample.size() / d_);
+    require(rows > 0 && cfg_.query_sample.size() % d_ == 0, "config.query_sample", "holds ", cfg_.query_sample.size(),
+            " floats, not a positive multiple of d = ", d_);
+    const Eigen::Map<const row_matrix> q(cfg_.query_sample.data(), rows, static_cast<Eigen::Index>(d_));
+    Eigen::MatrixXd m = (q.transpose() * q).cast<double>() / static_cast<double>(rows);
+    m.diagonal().array() += cfg_.query_metric_ridge * m.trace() / static_cast<double>(d_) + 1e-12;
+    return Eigen::LLT<Eigen::MatrixXd>(m).matrixL().toDenseMatrix().cast<float>();
+  }
 
   // Two-level k-means of the rows of keys, then outliers split off as clusters of one.
   std::vector<cluster_members> partition(const row_matrix& keys, const parallel_for_fn& parallel_for) const {

@@ -40,6 +40,17 @@ struct mog_clusters {
   double refine = 2.0;    // refined clusters hold about this many times the exact-token budget
   double optimism = 1.0;  // priorities use this multiple of the score variance (1: the plain estimate)
 
+  // The default configuration for a budget on a cache of n tokens: 4 sinks and a recent
+  // window of 64 exact tokens, each shrunk so that together they use at most a quarter of it.
+  static mog_clusters with_budget(budget b, index_t n) {
+    mog_clusters s;
+    s.limit = b;
+    const index_t quarter = b.resolve(n) / 4;
+    s.config.sinks = std::min<index_t>(4, quarter / 4);
+    s.config.window = std::min<index_t>(64, quarter - s.config.sinks);
+    return s;
+  }
+
   template <KvView KV>
   index build(const KV& kv) const { return mog_index::build(kv, config); }
 
