@@ -13,10 +13,8 @@
 #include "floe/residual/feature_map.hpp"
 #include "floe/residual/feature_maps/optimized_positive_random.hpp"
 #include "floe/residual/gaussian_moments.hpp"
-#include "floe/residual/gaussian_moments.hpp"
 #include "floe/residual/none.hpp"
 #include "floe/select/dense.hpp"
-#include "floe/select/mog_clusters.hpp"
 #include "floe/select/mog_clusters.hpp"
 #include "floe/select/oracle_topk.hpp"
 #include "floe/select/scorers/exact_scan.hpp"
@@ -56,8 +54,6 @@ std::vector<method_entry<E>> registered_methods() {
                 [](budget b, index_t n) { return estimator<sel::streaming, res::none>{sel::streaming::with_budget(b.resolve(n)), {}}; }),
       method<E>("oracle_topk", "exact top-K by true attention weight (GQA group sum); selection only; scans every key",
                 [](budget b, index_t n) { return estimator<sel::oracle_topk, res::none>{{b.resolve(n)}, {}}; }),
-      method<E>("mog", "MoG: ~sqrt(N) key clusters, ~ln N subclusters; best subclusters exact, the rest from Gaussian moments", [](budget b, index_t n) { return estimator<sel::mog_clusters, res::gaussian_moments>{sel::mog_clusters::with_budget(b, n), {}}; }),
-      method<E>("mog_clusters+none", "MoG's selection with the residual dropped (ablation of mog)", [](budget b, index_t n) { return estimator<sel::mog_clusters, res::none>{sel::mog_clusters::with_budget(b, n), {}}; }),
       method<E>("mog", "MoG: ~sqrt(N) key clusters, ~ln N subclusters; best subclusters exact, the rest from Gaussian moments", [](budget b, index_t n) { return estimator<sel::mog_clusters, res::gaussian_moments>{sel::mog_clusters::with_budget(b, n), {}}; }),
       method<E>("mog_clusters+none", "MoG's selection with the residual dropped (ablation of mog)", [](budget b, index_t n) { return estimator<sel::mog_clusters, res::none>{sel::mog_clusters::with_budget(b, n), {}}; }),
       // Retrieval-completion (docs/methods/retrieval-completion.md): 4 sinks, a window of min(64, k/4), Top-K of the middle.
