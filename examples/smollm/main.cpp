@@ -31,8 +31,10 @@ const char* usage =
     "  --dump-kv DIR         --text FILE --ctx N --layers L1,L2,.. [--queries Q=32]: KV dump per layer\n"
     "  --logits FILE.npy     --text FILE --tokens T [--decode]: logits [T, vocab] (and FILE.tokens.npy)\n"
     "  --tokenize FILE       [--out IDS.npy] [--chars C]: token ids of the first C characters\n"
+    "  (--perplexity, --dump-kv and --logits take --skip N: start N tokens into the text)\n"
     "  --list-methods        the methods --attn takes (floe-eval's registry)\n"
-    "options: --attn NAME[,NAME..] (default dense)  --threads N (Eigen's, default 1)\n";
+    "options: --attn NAME[,NAME..] (default dense)  --exec simd|scalar (floe executor, default simd)\n"
+    "         --threads N (Eigen's, default 1)\n";
 
 struct options {
   std::map<std::string, std::string> values;
@@ -81,6 +83,15 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
+// The text's tokens, less the first --skip ones (to measure at another place in a book).
+std::vector<int> text_tokens(const bpe_tokenizer& tok, const std::string& path, const options& o) {
+  std::vector<int> ids = tok.encode(read_text(path));
+  const auto skip = static_cast<std::size_t>(o.integer("--skip", 0));
+  floe::require(skip < ids.size(), "skip", "skips ", skip, " of the text's ", ids.size(), " tokens");
+  ids.erase(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(skip));
+  return ids;
+}
+
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream in(s);
@@ -94,7 +105,8 @@ int run_generate(const llama_model& model, const bpe_tokenizer& tok, const optio
   if (o.has("--chat")) prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
   const std::vector<int> ids = tok.encode(prompt);
   const int max_new = static_cast<int>(o.integer("--max-new", 48));
-  auto method = make_attention(split(o.get("--attn", "dense"), ',').at(0), std::stod(o.get("--budget", "0.1")));
+  auto method = make_attention(split(o.get("--attn", "dense"), ',').at(0), std::stod(o.get("--budget", "0.1")),
+                               o.get("--exec", "simd"));
   kv_cache cache(model.config(), static_cast<int>(ids.size()) + max_new);
   matrix logits = prefill(model, ids, cache);
   method->build(model.config(), cache);
@@ -119,7 +131,7 @@ int run_generate(const llama_model& model, const bpe_tokenizer& tok, const optio
 
 int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const options& o) {
   const std::string path = o.need("--perplexity");
-  const std::vector<int> ids = tok.encode(read_text(path));
+  const std::vector<int> ids = text_tokens(tok, path, o);
   const int ctx = static_cast<int>(o.integer("--ctx", 2048)), eval = static_cast<int>(o.integer("--eval", 256));
   floe::require(ctx > 0 && eval > 0, "ctx", "--ctx and --eval must be positive");
   floe::require(static_cast<std::size_t>(ctx + eval + 1) <= ids.size(), "eval", "the text has ", ids.size(),
@@ -146,7 +158,7 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
   std::printf("%-14s %7s %11s %9s %11s %12s %10s %10s\n", "method", "budget", "perplexity", "nll", "keys read",
               "bytes read", "tokens/s", "tok/cpu-s");
   for (const auto& [name, budget] : runs) {
-    auto method = make_attention(name, budget);
+    auto method = make_attention(name, budget, o.get("--exec", "simd"));
     cache = after_prefill;
     method->build(model.config(), cache);
     floe::stats io;
@@ -182,7 +194,7 @@ std::string json_string(const std::string& s) {
 int run_dump(const llama_model& model, const bpe_tokenizer& tok, const options& o) {
   const llama_config& c = model.config();
   const std::string dir = o.need("--dump-kv"), text = o.need("--text");
-  const std::vector<int> ids = tok.encode(read_text(text));
+  const std::vector<int> ids = text_tokens(tok, text, o);
   const int ctx = static_cast<int>(o.integer("--ctx", 2048)), nq = static_cast<int>(o.integer("--queries", 32));
   floe::require(ctx > 0 && nq > 0, "ctx", "--ctx and --queries must be positive");
   floe::require(static_cast<std::size_t>(ctx + nq) <= ids.size(), "ctx", "the text has ", ids.size(), " tokens, ",
@@ -215,7 +227,7 @@ int run_dump(const llama_model& model, const bpe_tokenizer& tok, const options& 
     queries[l].assign(static_cast<std::size_t>(c.n_head) * nq * hd, 0.f);
   }
 
-  auto dense = make_attention("dense", 1.0);
+  auto dense = make_attention("dense", 1.0, o.get("--exec", "simd"));
   dense->build(c, cache);
   floe::stats io;
   for (int t = 0; t < nq; ++t) {
@@ -243,6 +255,7 @@ int run_dump(const llama_model& model, const bpe_tokenizer& tok, const options& 
          << "  \"rope\": {\"theta\": " << c.rope_base
          << ", \"layout\": \"adjacent pairs (2i, 2i+1), ggml NORM\", \"applied\": true},\n"
          << "  \"text_source\": " << json_string(std::filesystem::path(text).filename().string()) << ",\n"
+         << "  \"text_skip_tokens\": " << o.integer("--skip", 0) << ",\n"
          << "  \"producer\": \"examples/smollm floe-smollm --dump-kv\"\n}\n";
   }
   std::printf("wrote %zu layers of %d tokens and %d queries to %s\n", layers.size(), ctx, nq, dir.c_str());
@@ -251,7 +264,7 @@ int run_dump(const llama_model& model, const bpe_tokenizer& tok, const options& 
 
 int run_logits(const llama_model& model, const bpe_tokenizer& tok, const options& o) {
   const std::string out = o.need("--logits");
-  std::vector<int> ids = tok.encode(read_text(o.need("--text")));
+  std::vector<int> ids = text_tokens(tok, o.need("--text"), o);
   const auto T = static_cast<std::size_t>(o.integer("--tokens", 64));
   floe::require(T > 0 && T <= ids.size(), "tokens", T, " tokens asked, the text has ", ids.size());
   ids.resize(T);
@@ -259,7 +272,7 @@ int run_logits(const llama_model& model, const bpe_tokenizer& tok, const options
   matrix logits;
   if (o.has("--decode")) {  // token 0 by prefill, every later one by a decode step through floe
     logits = prefill(model, std::span<const int>(ids.data(), 1), cache);
-    auto dense = make_attention("dense", 1.0);
+    auto dense = make_attention("dense", 1.0, o.get("--exec", "simd"));
     dense->build(model.config(), cache);
     floe::stats io;
     logits.conservativeResize(static_cast<Eigen::Index>(T), logits.cols());
@@ -294,7 +307,7 @@ int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
     if (o.has("--list-methods")) {
-      for (const auto& m : decode_methods()) std::cout << m.name << ": " << m.description << "\n";
+      for (const auto& m : decode_methods<floe::exec::scalar>()) std::cout << m.name << "\t" << m.description << "\n";
       return 0;
     }
     if (o.has("--help") || argc == 1) {

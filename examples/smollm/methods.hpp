@@ -1,32 +1,42 @@
 // The decode attention methods this example can run, by name: every configuration of
 // the evaluation tool's registry (bench/eval/method_registry.hpp), type-erased as
-// floe::any_estimator on this example's executor.
+// floe::any_estimator, on floe's SIMD executor or on the scalar reference.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attention.hpp"
 #include "floe/any_estimator.hpp"
 #include "floe/exec/scalar.hpp"
+#include "floe/exec/simd.hpp"
 #include "method_registry.hpp"
 
 namespace smollm {
 
-using decode_exec = floe::exec::scalar;
-
-inline const std::vector<floe::eval::method_entry<decode_exec>>& decode_methods() {
-  static const auto methods = floe::eval::registered_methods<decode_exec>();
+template <floe::Executor E>
+const std::vector<floe::eval::method_entry<E>>& decode_methods() {
+  static const auto methods = floe::eval::registered_methods<E>();
   return methods;
 }
 
-// `budget` is the fraction of the cache, as it is after prefill, that a sparse method
-// may read exactly; dense ignores it.
-inline std::unique_ptr<decode_attention> make_attention(const std::string& name, double budget) {
-  floe::require(budget > 0 && budget <= 1, "budget", "must be in (0, 1], got ", budget);
-  const auto& entry = floe::eval::find_method(decode_methods(), name, "attn");
-  return std::make_unique<estimator_attention<floe::any_estimator<decode_exec>, decode_exec>>(
+template <floe::Executor E>
+std::unique_ptr<decode_attention> make_attention_on(const std::string& name, double budget) {
+  const auto& entry = floe::eval::find_method(decode_methods<E>(), name, "attn");
+  return std::make_unique<estimator_attention<floe::any_estimator<E>, E>>(
       entry.make(floe::budget::fraction(budget)), name);
+}
+
+// `budget` is the fraction of the cache, as it is after prefill, that a sparse method
+// may read exactly (dense ignores it). `exec` is "simd" (one thread, the best
+// instruction set of this CPU) or "scalar" (double accumulation, the reference).
+inline std::unique_ptr<decode_attention> make_attention(const std::string& name, double budget,
+                                                        const std::string& exec = "simd") {
+  floe::require(budget > 0 && budget <= 1, "budget", "must be in (0, 1], got ", budget);
+  if (exec == "simd") return make_attention_on<floe::exec::simd>(name, budget);
+  floe::require(exec == "scalar", "exec", "unknown executor '", exec, "'; known: simd, scalar");
+  return make_attention_on<floe::exec::scalar>(name, budget);
 }
 
 }  // namespace smollm

@@ -13,6 +13,6 @@ budget=${5:-${BUDGETS:-0.02,0.05,0.1}}
 "$here/fetch_model.sh" >/dev/null
 "$here/fetch_texts.sh" >/dev/null
 smollm_build
-if [[ -z $methods ]]; then methods=$("$SMOLLM_BIN" --list-methods | cut -d: -f1 | paste -sd, -); fi
+if [[ -z $methods ]]; then methods=$("$SMOLLM_BIN" --list-methods | cut -f1 | paste -sd, -); fi
 "$SMOLLM_BIN" --model "$SMOLLM_GGUF" --perplexity "$SMOLLM_TEXTS/$book.txt" --ctx "$ctx" --eval "$eval_tokens" \
   --attn "$methods" --budget "$budget" ${THREADS:+--threads "$THREADS"}

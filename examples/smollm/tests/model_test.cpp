@@ -86,12 +86,13 @@ TEST_CASE("model: decode steps through floe reproduce the prefill logits", "[smo
   REQUIRE(reference.cols() == vocab);
 
   // Dense through floe must agree; a sparse method must read only its budget.
-  for (const char* name : {"dense", "streaming"}) {
-    INFO(name);
+  const std::pair<const char*, const char*> runs[] = {{"dense", "scalar"}, {"dense", "simd"}, {"streaming", "simd"}};
+  for (const auto& [name, exec] : runs) {
+    INFO(name << " on " << exec);
     kv_cache cache(model.config(), 20);
     matrix stepped(20, vocab);
     stepped.topRows(3) = prefill(model, std::span<const int>(ids.data(), 3), cache, true, 256, false);
-    auto method = make_attention(name, 1.0);  // streaming: the 3 prefill tokens' worth
+    auto method = make_attention(name, 1.0, exec);  // streaming: the 3 prefill tokens' worth
     method->build(model.config(), cache);
     floe::stats io;
     for (int t = 3; t < 20; ++t) stepped.row(t) = decode_step(model, ids[static_cast<std::size_t>(t)], cache, *method, io);
@@ -148,4 +149,5 @@ TEST_CASE("model: wrong architecture, shapes and budgets are rejected by name", 
     CHECK(std::string(e.what()).find("streaming") != std::string::npos);  // lists the known ones
   }
   CHECK_THROWS_AS(make_attention("streaming", 0.0), floe::invalid_argument);
+  CHECK_THROWS_AS(make_attention("dense", 0.5, "cuda"), floe::invalid_argument);
 }
