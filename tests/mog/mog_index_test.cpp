@@ -233,3 +233,28 @@ TEST_CASE("mog_index: the cross-covariance is Cov(v, k) per cluster, also after 
       }
   }
 }
+
+TEST_CASE("mog_index: appended tokens of a new topic form new clusters instead of swelling an old one", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(709);
+  random_kv<float> kv(g, 5000, 16, 8);
+  floe::testing::make_clustered(kv, g, 10);
+  for (index_t i = 3000; i < 5000; ++i) kv.keys[i * 16 + 3] += 25.f;  // the last 2000 tokens: a new, far topic
+  mog_config cfg;
+  cfg.tail_capacity = 128;
+  cfg.rebuild_growth = 10;  // no full re-clustering here
+  cfg.rebuild_drift = 1e9;
+  auto prefix = [&](index_t n) { return kv_view<float>(kv.keys.data(), kv.values.data(), n, 16, 8); };
+  auto idx = mog_index::build(prefix(3000), cfg);
+  const index_t clusters_before = idx.clusters(), generation = idx.generation();
+  index_t largest_before = 0;
+  for (index_t s = 0; s < idx.subclusters(); ++s) largest_before = std::max<index_t>(largest_before, idx.count(idx.clusters() + s));
+  for (index_t n = 3001; n <= 5000; ++n) idx.append(prefix(n));  // one decode step at a time
+  REQUIRE(idx.generation() == generation);
+  REQUIRE(idx.tokens() > 4800);
+  REQUIRE(idx.clusters() > clusters_before);
+  check_partition(idx);
+  check_moments(idx, prefix(5000), 2e-3);
+  for (index_t s = 0; s < idx.subclusters(); ++s)
+    REQUIRE(idx.count(idx.clusters() + s) <= std::max<index_t>(3 * largest_before, 3 * 2800 / idx.subclusters() + 1));
+}

@@ -29,6 +29,9 @@ struct mog_config {
   double rebuild_growth = 0.5;    // re-cluster once appended tokens reach this fraction of those clustered at build
   double rebuild_drift = 2.0;     // ... or once they lie this many times farther from their centroids (mean squared)
   index_t rebuild_min_tokens = 1024;  // the drift test needs this many appended tokens to be meaningful
+  double split_factor = 3.0;      // a (sub)cluster grown past this x the mean size at build is re-clustered alone
+  double join_sigma = 4.0;        // an appended token joins a cluster if its squared distance is within
+                                  // spread (1 + join_sigma sqrt(2/d)), spread = the members' mean (chi-square tail)
   index_t sinks = 4;              // the first tokens (attention sinks) are never clustered, always exact
   index_t window = 0;             // nor are the most recent ones
   double outlier_sigma = 8.0;     // a key whose squared Mahalanobis distance exceeds d + sigma sqrt(2d)...
@@ -82,9 +85,10 @@ class mog_index {
     const row_matrix keys = read_keys(kv, first, end);
     check_values(kv, first, end);
     join_tokens(kv, keys, first, parallel_for);
+    split_oversized(kv);
     if (static_cast<double>(appended_) >= cfg_.rebuild_growth * static_cast<double>(n_at_build_) ||
-        (appended_ >= cfg_.rebuild_min_tokens &&
-         appended_sq_dist_ > cfg_.rebuild_drift * built_mean_sq_dist_ * static_cast<double>(appended_)))
+        (joined_ >= cfg_.rebuild_min_tokens &&
+         appended_sq_dist_ > cfg_.rebuild_drift * built_mean_sq_dist_ * static_cast<double>(joined_)))
       rebuild(kv, parallel_for);
   }
 
@@ -133,7 +137,8 @@ class mog_index {
   index_t appended_since_build() const { return appended_; }
 
   std::uint64_t bytes() const {
-    return sizeof(float) * (moments_.size() + value_means_.size() + log_counts_.size() + cross_cov_.size()) +
+    return sizeof(float) * (moments_.size() + value_means_.size() + log_counts_.size() + cross_cov_.size() +
+                            static_cast<std::uint64_t>(metric_.size())) +
            sizeof(std::uint32_t) * (counts_.size() + sub_begin_.size() + member_begin_.size() + members_.size());
   }
 
@@ -172,13 +177,26 @@ class mog_index {
     const row_matrix keys = read_keys(kv, 0, kv.n());
     check_values(kv, 0, kv.n());
     const auto middle = keys.middleRows(static_cast<Eigen::Index>(sinks_), static_cast<Eigen::Index>(n - sinks_));
-    if (n <= sinks_) layout({}, sinks_);
-    else if (cfg_.query_sample.empty()) layout(partition(middle, parallel_for), sinks_);
-    else layout(partition(row_matrix(middle * query_metric_root()), parallel_for), sinks_);
+    metric_ = cfg_.query_sample.empty() ? row_matrix() : query_metric_root();
+    clusters_ = subclusters_ = 0;
+    sub_begin_.assign(1, 0);
+    member_begin_.assign(1, 0);
+    members_.clear();
+    if (n > sinks_) add_clusters(partition(in_metric(middle), parallel_for), sinks_);
     n_ = n;
-    compute_moments(kv, keys, parallel_for);
+    moments_.clear();
+    value_means_.clear();
+    counts_.clear();
+    log_counts_.clear();
+    cross_cov_.clear();
+    compute_moments(kv, [&](index_t i) { return keys.row(static_cast<Eigen::Index>(i)).data(); }, 0, 0, parallel_for);
+    built_mean_sq_dist_ = 0.0;
+    for (index_t c = 0; c < clusters_; ++c) built_mean_sq_dist_ += static_cast<double>(counts_[c]) * metric_spread(c);
+    built_mean_sq_dist_ /= static_cast<double>(std::max<index_t>(n_ - sinks_, 1));
     n_at_build_ = n;
-    appended_ = 0;
+    appended_ = joined_ = 0;
+    built_clusters_ = clusters_;
+    built_subclusters_ = subclusters_;
     appended_sq_dist_ = 0.0;
     ++generation_;
     build_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -196,46 +214,58 @@ class mog_index {
     m.diagonal().array() += cfg_.query_metric_ridge * m.trace() / static_cast<double>(d_) + 1e-12;
     return Eigen::LLT<Eigen::MatrixXd>(m).matrixL().toDenseMatrix().cast<float>();
   }
+  template <class Rows>
+  row_matrix in_metric(const Rows& keys) const { return metric_.size() ? row_matrix(keys * metric_) : row_matrix(keys); }
 
-  // Two-level k-means of the rows of keys, then outliers split off as clusters of one.
-  std::vector<cluster_members> partition(const row_matrix& keys, const parallel_for_fn& parallel_for) const {
-    const index_t n = static_cast<index_t>(keys.rows()), d = static_cast<index_t>(keys.cols());
-    const index_t want_c = cfg_.clusters ? cfg_.clusters : static_cast<index_t>(std::lround(std::sqrt(double(n))));
-    const index_t want_s = cfg_.subclusters ? cfg_.subclusters
-                                            : std::max<index_t>(1, static_cast<index_t>(std::lround(std::log(double(n)))));
-    const kmeans_result top = kmeans(keys, {std::max<index_t>(1, want_c), cfg_.iterations, 8, cfg_.seed}, parallel_for);
-    const index_t k = static_cast<index_t>(top.centroids.rows());
-    std::vector<std::vector<std::uint32_t>> in_cluster(k);
+  index_t subclusters_per_cluster(index_t n) const {
+    return cfg_.subclusters ? cfg_.subclusters : std::max<index_t>(1, static_cast<index_t>(std::lround(std::log(double(n)))));
+  }
+
+  // k clusters of the rows of keys, each split into up to s subclusters; positions are row
+  // numbers. With `mahalanobis`, also each row's leave-one-out squared Mahalanobis distance
+  // (diagonal) to its cluster: the worst-case z-score of its score over query directions.
+  std::vector<cluster_members> two_level(const row_matrix& keys, index_t k, index_t s, const parallel_for_fn& parallel_for,
+                                         std::vector<float>* mahalanobis) const {
+    const index_t n = static_cast<index_t>(keys.rows());
+    const kmeans_result top = kmeans(keys, {std::max<index_t>(1, k), cfg_.iterations, 8, cfg_.seed}, parallel_for);
+    const index_t kept = static_cast<index_t>(top.centroids.rows());
+    std::vector<std::vector<std::uint32_t>> in_cluster(kept);
     for (index_t i = 0; i < n; ++i) in_cluster[top.labels[i]].push_back(static_cast<std::uint32_t>(i));
-
-    // Second level, one k-means per cluster; and each member's squared Mahalanobis
-    // distance (diagonal) to its cluster, the worst-case z-score of its score over query directions.
-    std::vector<cluster_members> parts(k);
-    std::vector<float> mahalanobis(n, 0.f);
-    parallel_for(k, [&](index_t c) {
+    std::vector<cluster_members> parts(kept);
+    parallel_for(kept, [&](index_t c) {
       const auto& rows = in_cluster[c];
       row_matrix x(static_cast<Eigen::Index>(rows.size()), keys.cols());
       for (index_t j = 0; j < rows.size(); ++j) x.row(static_cast<Eigen::Index>(j)) = keys.row(rows[j]);
-      const Eigen::RowVectorXd mean = x.cast<double>().colwise().mean();
-      const Eigen::RowVectorXd var = (x.cast<double>().rowwise() - mean).array().square().colwise().mean();
-      // Leave-one-out: a lone far point must not hide by inflating the variance it is judged by.
-      const double floor = 1e-6 * var.mean() + 1e-30, m = static_cast<double>(rows.size());
-      for (index_t j = 0; rows.size() >= 8 && j < rows.size(); ++j) {
-        const Eigen::ArrayXd dev = (x.row(static_cast<Eigen::Index>(j)).cast<double>() - mean).transpose().array();
-        const Eigen::ArrayXd var_loo = (m / (m - 1)) * (var.transpose().array() - dev.square() / (m - 1)).max(0.0);
-        mahalanobis[rows[j]] = static_cast<float>(((m / (m - 1)) * (m / (m - 1)) * dev.square() / (var_loo + floor)).sum());
+      if (mahalanobis && rows.size() >= 8) {
+        const Eigen::RowVectorXd mean = x.cast<double>().colwise().mean();
+        const Eigen::RowVectorXd var = (x.cast<double>().rowwise() - mean).array().square().colwise().mean();
+        // Leave-one-out: a lone far point must not hide by inflating the variance it is judged by.
+        const double floor = 1e-6 * var.mean() + 1e-30, m = static_cast<double>(rows.size());
+        for (index_t j = 0; j < rows.size(); ++j) {
+          const Eigen::ArrayXd dev = (x.row(static_cast<Eigen::Index>(j)).cast<double>() - mean).transpose().array();
+          const Eigen::ArrayXd var_loo = (m / (m - 1)) * (var.transpose().array() - dev.square() / (m - 1)).max(0.0);
+          (*mahalanobis)[rows[j]] = static_cast<float>(((m / (m - 1)) * (m / (m - 1)) * dev.square() / (var_loo + floor)).sum());
+        }
       }
       std::vector<std::uint32_t> labels(rows.size(), 0);
       index_t subs = 1;
-      if (want_s > 1 && rows.size() > 1) {
-        kmeans_result sub = kmeans(x, {want_s, cfg_.iterations, 8, cfg_.seed ^ ((c + 1) * 0x9e3779b97f4a7c15ull)}, serial_for);
+      if (s > 1 && rows.size() > 1) {
+        kmeans_result sub = kmeans(x, {s, cfg_.iterations, 8, cfg_.seed ^ ((c + 1) * 0x9e3779b97f4a7c15ull)}, serial_for);
         labels = std::move(sub.labels);
         subs = static_cast<index_t>(sub.centroids.rows());
       }
       parts[c].resize(subs);
       for (index_t j = 0; j < rows.size(); ++j) parts[c][labels[j]].push_back(rows[j]);
     });
+    return parts;
+  }
 
+  // Two-level k-means of the rows of keys, then outliers split off as clusters of one.
+  std::vector<cluster_members> partition(const row_matrix& keys, const parallel_for_fn& parallel_for) const {
+    const index_t n = static_cast<index_t>(keys.rows()), d = static_cast<index_t>(keys.cols());
+    const index_t want_c = cfg_.clusters ? cfg_.clusters : static_cast<index_t>(std::lround(std::sqrt(double(n))));
+    std::vector<float> mahalanobis(n, 0.f);
+    std::vector<cluster_members> parts = two_level(keys, want_c, subclusters_per_cluster(n), parallel_for, &mahalanobis);
     // Outliers: far in the tail of their cluster's Gaussian, at most outlier_fraction of n.
     const double threshold = static_cast<double>(d) + cfg_.outlier_sigma * std::sqrt(2.0 * static_cast<double>(d));
     std::vector<std::uint32_t> outliers;
@@ -264,92 +294,98 @@ class mog_index {
     return kept;
   }
 
-  // CSR layout of a partition: clusters, their subclusters, their members.
-  void layout(const std::vector<cluster_members>& parts, index_t offset) {
-    clusters_ = parts.size();
-    sub_begin_.assign(clusters_ + 1, 0);
-    for (index_t c = 0; c < clusters_; ++c) sub_begin_[c + 1] = static_cast<std::uint32_t>(sub_begin_[c] + parts[c].size());
-    subclusters_ = sub_begin_[clusters_];
-    member_begin_.assign(subclusters_ + 1, 0);
-    members_.clear();
-    for (const auto& cl : parts)
-      for (const auto& sub : cl)
-        for (auto p : sub) members_.push_back(static_cast<std::uint32_t>(p + offset));
-    index_t s = 0;
-    for (const auto& cl : parts)
+  // Appends clusters to the CSR layout (clusters, their subclusters, their members);
+  // member positions are shifted by offset.
+  void add_clusters(const std::vector<cluster_members>& parts, index_t offset) {
+    for (const auto& cl : parts) {
       for (const auto& sub : cl) {
-        member_begin_[s + 1] = static_cast<std::uint32_t>(member_begin_[s] + sub.size());
-        ++s;
+        for (auto p : sub) members_.push_back(static_cast<std::uint32_t>(p + offset));
+        member_begin_.push_back(static_cast<std::uint32_t>(members_.size()));
       }
+      sub_begin_.push_back(static_cast<std::uint32_t>(sub_begin_.back() + cl.size()));
+    }
+    clusters_ = sub_begin_.size() - 1;
+    subclusters_ = member_begin_.size() - 1;
   }
 
-  // Exact moments of every subcluster (two passes in double), clusters by pooling their
-  // subclusters, and the optional per-cluster value-key covariance.
-  template <KvView KV>
-  void compute_moments(const KV& kv, const row_matrix& keys, const parallel_for_fn& parallel_for) {
-    const index_t g_total = groups();
-    moments_.assign(g_total * 2 * d_, 0.f);
-    value_means_.assign(g_total * dv_, 0.f);
-    counts_.assign(g_total, 0);
-    log_counts_.assign(g_total, 0.f);
-    Eigen::MatrixXd sub_mean(static_cast<Eigen::Index>(d_), static_cast<Eigen::Index>(subclusters_));
-    Eigen::MatrixXd sub_m2(static_cast<Eigen::Index>(d_), static_cast<Eigen::Index>(subclusters_));
-    Eigen::MatrixXd sub_vsum(static_cast<Eigen::Index>(dv_), static_cast<Eigen::Index>(subclusters_));
-    parallel_for(subclusters_, [&](index_t s) {
-      const auto rows = members(s);
+  // Exact moments of subclusters [s_first, subclusters()) (two passes in double) and of
+  // clusters [c_first, clusters()) by pooling their subclusters, plus the optional
+  // per-cluster value-key covariance. Summary arrays grow to the new group count; rows of
+  // earlier groups keep their values (cluster rows come first, so subcluster rows move).
+  template <KvView KV, class KeyOf>
+  void compute_moments(const KV& kv, const KeyOf& key_of, index_t s_first, index_t c_first, const parallel_for_fn& parallel_for) {
+    regroup(c_first, s_first);
+    const index_t new_subs = subclusters_ - s_first;
+    Eigen::MatrixXd sub_mean(static_cast<Eigen::Index>(d_), static_cast<Eigen::Index>(new_subs));
+    Eigen::MatrixXd sub_m2(static_cast<Eigen::Index>(d_), static_cast<Eigen::Index>(new_subs));
+    Eigen::MatrixXd sub_vsum(static_cast<Eigen::Index>(dv_), static_cast<Eigen::Index>(new_subs));
+    parallel_for(new_subs, [&](index_t j) {
+      const auto rows = members(s_first + j);
       Eigen::VectorXd mean = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(d_));
       Eigen::VectorXd m2 = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(d_));
       Eigen::VectorXd vsum = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(dv_));
-      for (auto i : rows) mean += keys.row(i).transpose().cast<double>();
+      for (auto i : rows) mean += Eigen::Map<const Eigen::VectorXf>(key_of(i), static_cast<Eigen::Index>(d_)).cast<double>();
       mean /= static_cast<double>(rows.size());
       for (auto i : rows) {
-        m2 += (keys.row(i).transpose().cast<double>() - mean).array().square().matrix();
+        m2 += (Eigen::Map<const Eigen::VectorXf>(key_of(i), static_cast<Eigen::Index>(d_)).cast<double>() - mean).array().square().matrix();
         const auto* v = kv.value_row(i);
-        for (index_t j = 0; j < dv_; ++j) vsum[static_cast<Eigen::Index>(j)] += to_float(v[j]);
+        for (index_t t = 0; t < dv_; ++t) vsum[static_cast<Eigen::Index>(t)] += to_float(v[t]);
       }
-      sub_mean.col(static_cast<Eigen::Index>(s)) = mean;
-      sub_m2.col(static_cast<Eigen::Index>(s)) = m2;
-      sub_vsum.col(static_cast<Eigen::Index>(s)) = vsum;
-      set_group(clusters_ + s, rows.size(), mean, m2, vsum);
+      sub_mean.col(static_cast<Eigen::Index>(j)) = mean;
+      sub_m2.col(static_cast<Eigen::Index>(j)) = m2;
+      sub_vsum.col(static_cast<Eigen::Index>(j)) = vsum;
+      set_group(clusters_ + s_first + j, rows.size(), mean, m2, vsum);
     });
-    built_mean_sq_dist_ = 0.0;
-    for (index_t c = 0; c < clusters_; ++c) {
-      const auto s0 = static_cast<Eigen::Index>(sub_begin_[c]), ns = static_cast<Eigen::Index>(sub_begin_[c + 1] - sub_begin_[c]);
+    for (index_t c = c_first; c < clusters_; ++c) {
+      require(sub_begin_[c] >= s_first, "index", "internal: cluster ", c, " has subclusters outside the new range");
+      const auto s0 = static_cast<Eigen::Index>(sub_begin_[c] - s_first), ns = static_cast<Eigen::Index>(sub_begin_[c + 1] - sub_begin_[c]);
       Eigen::VectorXd w(ns);
-      for (Eigen::Index j = 0; j < ns; ++j) w[j] = counts_[clusters_ + static_cast<index_t>(s0 + j)];
+      for (Eigen::Index j = 0; j < ns; ++j) w[j] = counts_[clusters_ + sub_begin_[c] + static_cast<index_t>(j)];
       const double total = w.sum();
       const Eigen::VectorXd mean = sub_mean.middleCols(s0, ns) * w / total;
       // Pooled second moment: within-subcluster spread plus the spread of subcluster means.
       Eigen::VectorXd m2 = sub_m2.middleCols(s0, ns).rowwise().sum();
-      for (Eigen::Index j = 0; j < ns; ++j)
-        m2 += w[j] * (sub_mean.col(s0 + j) - mean).array().square().matrix();
+      for (Eigen::Index j = 0; j < ns; ++j) m2 += w[j] * (sub_mean.col(s0 + j) - mean).array().square().matrix();
       set_group(c, static_cast<index_t>(total), mean, m2, sub_vsum.middleCols(s0, ns).rowwise().sum());
-      built_mean_sq_dist_ += m2.sum();
     }
-    built_mean_sq_dist_ /= static_cast<double>(std::max<index_t>(n_ - sinks_, 1));
-
-    cross_cov_.clear();
     if (!cfg_.cross_covariance) return;
-    cross_cov_.assign(clusters_ * dv_ * d_, 0.f);
-    parallel_for(clusters_, [&](index_t c) {
-      const index_t nc = counts_[c];
+    parallel_for(clusters_ - c_first, [&](index_t j) {
+      const index_t c = c_first + j, nc = counts_[c];
       Eigen::MatrixXd kc(static_cast<Eigen::Index>(nc), static_cast<Eigen::Index>(d_));
       Eigen::MatrixXd vc(static_cast<Eigen::Index>(nc), static_cast<Eigen::Index>(dv_));
       index_t r = 0;
       for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s)
         for (auto i : members(s)) {
-          for (index_t t = 0; t < d_; ++t)
-            kc(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(t)) = keys(i, static_cast<Eigen::Index>(t)) - mean(c)[t];
+          const float* k = key_of(i);
+          for (index_t t = 0; t < d_; ++t) kc(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(t)) = k[t] - mean(c)[t];
           const auto* v = kv.value_row(i);
-          for (index_t j = 0; j < dv_; ++j)
-            vc(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(j)) = to_float(v[j]) - value_mean(c)[j];
+          for (index_t t = 0; t < dv_; ++t)
+            vc(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(t)) = to_float(v[t]) - value_mean(c)[t];
           ++r;
         }
       const Eigen::MatrixXd cov = vc.transpose() * kc / static_cast<double>(nc);  // [dv, d]
-      for (index_t j = 0; j < dv_; ++j)
+      for (index_t a = 0; a < dv_; ++a)
         for (index_t t = 0; t < d_; ++t)
-          cross_cov_[(c * dv_ + j) * d_ + t] = static_cast<float>(cov(static_cast<Eigen::Index>(j), static_cast<Eigen::Index>(t)));
+          cross_cov_[(c * dv_ + a) * d_ + t] = static_cast<float>(cov(static_cast<Eigen::Index>(a), static_cast<Eigen::Index>(t)));
     });
+  }
+
+  // Resizes the summary arrays from (old_clusters, old_subclusters) groups to the current
+  // counts, keeping every existing group's row.
+  void regroup(index_t old_clusters, index_t old_subclusters) {
+    auto grow = [&](auto& v, index_t width) {
+      using T = typename std::decay_t<decltype(v)>::value_type;
+      std::vector<T> out(groups() * width, T{});
+      std::copy_n(v.begin(), old_clusters * width, out.begin());
+      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(old_clusters * width), old_subclusters * width,
+                  out.begin() + static_cast<std::ptrdiff_t>(clusters_ * width));
+      v = std::move(out);
+    };
+    grow(moments_, 2 * d_);
+    grow(value_means_, dv_);
+    grow(log_counts_, 1);
+    grow(counts_, 1);
+    if (cfg_.cross_covariance) cross_cov_.resize(clusters_ * dv_ * d_, 0.f);
   }
 
   void set_group(index_t g, index_t count, const Eigen::VectorXd& mean, const Eigen::VectorXd& m2,
@@ -365,54 +401,149 @@ class mog_index {
       value_means_[g * dv_ + j] = static_cast<float>(value_sum[static_cast<Eigen::Index>(j)] / static_cast<double>(count));
   }
 
-  // New tokens [first, first + keys.rows()) join the nearest cluster, then the nearest
-  // subcluster of it; moments follow by Welford's update.
+  // New tokens [first, first + keys.rows()) join their nearest cluster when they lie within
+  // the chi-square tail of its spread, then the nearest subcluster of it, with Welford
+  // updates of the moments. The others form new clusters of their own (a new topic must not
+  // swell an old cluster that happens to be nearest).
   template <KvView KV>
   void join_tokens(const KV& kv, const row_matrix& keys, index_t first, const parallel_for_fn& parallel_for) {
     const index_t count = static_cast<index_t>(keys.rows());
+    const row_matrix placed = in_metric(keys);  // the metric the clusters were built in
     row_matrix centres(static_cast<Eigen::Index>(clusters_), static_cast<Eigen::Index>(d_));
-    for (index_t c = 0; c < clusters_; ++c)
-      for (index_t t = 0; t < d_; ++t) centres(static_cast<Eigen::Index>(c), static_cast<Eigen::Index>(t)) = mean(c)[t];
+    for (index_t c = 0; c < clusters_; ++c) centres.row(static_cast<Eigen::Index>(c)) = in_metric(mean_row(c));
     std::vector<std::uint32_t> cluster_of;
     std::vector<float> sq_dist;
-    detail::kmeans_assign(keys, centres, cluster_of, sq_dist, parallel_for);
+    detail::kmeans_assign(placed, centres, cluster_of, sq_dist, parallel_for);
 
-    std::vector<std::uint32_t> sub_of(count);
+    const double join_factor = 1.0 + cfg_.join_sigma * std::sqrt(2.0 / static_cast<double>(d_));
+    std::vector<std::int64_t> sub_of(count, -1);
+    std::vector<std::uint32_t> novel;
     std::vector<float> value(dv_);
     for (index_t r = 0; r < count; ++r) {
       const index_t c = cluster_of[r];
+      if (sq_dist[r] > join_factor * spread_in_metric(c)) {
+        novel.push_back(static_cast<std::uint32_t>(r));
+        continue;
+      }
       const float* k = keys.data() + r * d_;
       index_t best = sub_begin_[c];
-      double best_d2 = std::numeric_limits<double>::infinity();
+      float best_d2 = std::numeric_limits<float>::infinity();
       for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s) {
-        double d2 = 0.0;
-        for (index_t t = 0; t < d_; ++t) d2 += (k[t] - mean(clusters_ + s)[t]) * (k[t] - mean(clusters_ + s)[t]);
-        if (d2 < best_d2) { best_d2 = d2; best = s; }
+        const float d2 = (placed.row(static_cast<Eigen::Index>(r)) - in_metric(mean_row(clusters_ + s))).squaredNorm();
+        if (d2 < best_d2) {
+          best_d2 = d2;
+          best = s;
+        }
       }
-      sub_of[r] = static_cast<std::uint32_t>(best);
+      sub_of[r] = static_cast<std::int64_t>(best);
       const auto* v = kv.value_row(first + r);
       for (index_t j = 0; j < dv_; ++j) value[j] = to_float(v[j]);
       if (has_cross_covariance()) welford_cross(c, k, value.data());
       welford(c, k, value.data());
       welford(clusters_ + best, k, value.data());
       appended_sq_dist_ += sq_dist[r];
+      ++joined_;
     }
     // Members: new positions are larger than every old one, so each list stays increasing.
     std::vector<std::uint32_t> added(subclusters_ + 1, 0);
-    for (auto s : sub_of) ++added[s + 1];
+    for (auto s : sub_of)
+      if (s >= 0) ++added[static_cast<index_t>(s) + 1];
     for (index_t s = 0; s < subclusters_; ++s) added[s + 1] += added[s];
-    std::vector<std::uint32_t> merged(members_.size() + count);
+    std::vector<std::uint32_t> merged(members_.size() + added[subclusters_]);
     std::vector<std::uint32_t> begin(subclusters_ + 1);
     for (index_t s = 0; s <= subclusters_; ++s) begin[s] = member_begin_[s] + added[s];
     for (index_t s = 0; s < subclusters_; ++s)
       std::copy(members_.begin() + member_begin_[s], members_.begin() + member_begin_[s + 1], merged.begin() + begin[s]);
     std::vector<std::uint32_t> fill(subclusters_);
     for (index_t s = 0; s < subclusters_; ++s) fill[s] = begin[s] + (member_begin_[s + 1] - member_begin_[s]);
-    for (index_t r = 0; r < count; ++r) merged[fill[sub_of[r]]++] = static_cast<std::uint32_t>(first + r);
+    for (index_t r = 0; r < count; ++r)
+      if (sub_of[r] >= 0) merged[fill[static_cast<index_t>(sub_of[r])]++] = static_cast<std::uint32_t>(first + r);
     members_ = std::move(merged);
     member_begin_ = std::move(begin);
+
+    if (!novel.empty()) {  // new clusters of about the current mean size
+      row_matrix fresh(static_cast<Eigen::Index>(novel.size()), static_cast<Eigen::Index>(d_));
+      for (index_t j = 0; j < novel.size(); ++j) fresh.row(static_cast<Eigen::Index>(j)) = placed.row(novel[j]);
+      const index_t typical = std::max<index_t>(1, (n_ - sinks_) / std::max<index_t>(clusters_, 1));
+      auto parts = two_level(fresh, (novel.size() + typical - 1) / typical, subclusters_per_cluster(n_), serial_for, nullptr);
+      for (auto& cl : parts)
+        for (auto& sub : cl)
+          for (auto& p : sub) p = novel[p];  // batch row numbers
+      const index_t c_first = clusters_, s_first = subclusters_;
+      add_clusters(parts, first);
+      compute_moments(kv, [&](index_t i) { return keys.row(static_cast<Eigen::Index>(i - first)).data(); }, s_first, c_first,
+                      serial_for);
+    }
     n_ = first + count;
     appended_ += count;
+  }
+
+  Eigen::Map<const Eigen::RowVectorXf> mean_row(index_t g) const { return {mean(g), static_cast<Eigen::Index>(d_)}; }
+
+  // A cluster's mean squared distance of members to its mean, in the clustering metric:
+  // tr(L^T Sigma L) with the diagonal Sigma; clusters of one borrow the build-wide mean.
+  float spread_in_metric(index_t c) const {
+    return counts_[c] < 2 ? static_cast<float>(built_mean_sq_dist_) : metric_spread(c);
+  }
+  float metric_spread(index_t c) const {
+    const Eigen::Map<const Eigen::VectorXf> var(variance(c), static_cast<Eigen::Index>(d_));
+    if (!metric_.size()) return var.sum();
+    return (metric_.array().square().colwise() * var.array()).sum();
+  }
+
+  // Clusters (or subclusters) that joined tokens have swollen past split_factor x the mean
+  // size at build are re-clustered on their own members (two-level k-means); the other groups keep their
+  // moments, which are recomputed from the cache with the new layout.
+  template <KvView KV>
+  void split_oversized(const KV& kv) {
+    const double typical = static_cast<double>(n_at_build_ - sinks_) / static_cast<double>(std::max<index_t>(built_clusters_, 1));
+    const double typical_sub =
+        static_cast<double>(n_at_build_ - sinks_) / static_cast<double>(std::max<index_t>(built_subclusters_, 1));
+    auto swollen_group = [&](index_t c) {
+      if (static_cast<double>(counts_[c]) > cfg_.split_factor * typical) return true;
+      for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s)
+        if (static_cast<double>(counts_[clusters_ + s]) > cfg_.split_factor * typical_sub) return true;
+      return false;
+    };
+    bool any = false;
+    for (index_t c = 0; c < clusters_ && !any; ++c) any = swollen_group(c);
+    if (!any) return;
+    std::vector<cluster_members> parts;
+    const row_matrix keys = read_keys(kv, 0, n_);
+    for (index_t c = 0; c < clusters_; ++c) {
+      cluster_members cl;
+      std::vector<std::uint32_t> all;
+      for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s) {
+        const auto m = members(s);
+        cl.emplace_back(m.begin(), m.end());
+        all.insert(all.end(), m.begin(), m.end());
+      }
+      if (!swollen_group(c)) {
+        parts.push_back(std::move(cl));
+        continue;
+      }
+      std::sort(all.begin(), all.end());
+      row_matrix x(static_cast<Eigen::Index>(all.size()), static_cast<Eigen::Index>(d_));
+      for (index_t j = 0; j < all.size(); ++j) x.row(static_cast<Eigen::Index>(j)) = keys.row(all[j]);
+      auto pieces = two_level(in_metric(x), static_cast<index_t>(std::ceil(static_cast<double>(all.size()) / typical)),
+                              subclusters_per_cluster(n_), serial_for, nullptr);
+      for (auto& piece : pieces) {
+        for (auto& sub : piece)
+          for (auto& p : sub) p = all[p];
+        parts.push_back(std::move(piece));
+      }
+    }
+    clusters_ = subclusters_ = 0;
+    sub_begin_.assign(1, 0);
+    member_begin_.assign(1, 0);
+    members_.clear();
+    add_clusters(parts, 0);
+    moments_.clear();
+    value_means_.clear();
+    counts_.clear();
+    log_counts_.clear();
+    cross_cov_.clear();
+    compute_moments(kv, [&](index_t i) { return keys.row(static_cast<Eigen::Index>(i)).data(); }, 0, 0, serial_for);
   }
 
   void welford(index_t g, const float* k, const float* v) {
@@ -452,7 +583,8 @@ class mog_index {
   std::vector<std::uint32_t> member_begin_;  // [subclusters + 1]
   std::vector<std::uint32_t> members_;    // [tokens] positions, subcluster by subcluster
   std::vector<float> cross_cov_;          // [clusters, dv, d] when configured
-  index_t n_at_build_ = 0, appended_ = 0;
+  row_matrix metric_;                     // [d, d] L of the query metric, empty for Euclidean
+  index_t n_at_build_ = 0, appended_ = 0, joined_ = 0, built_clusters_ = 0, built_subclusters_ = 0;
   double built_mean_sq_dist_ = 0.0, appended_sq_dist_ = 0.0;
   std::uint64_t generation_ = 0;
   double build_seconds_ = 0.0;

@@ -172,27 +172,24 @@ struct mog_clusters {
     template <class Done, class Fits, class Take>
     void take_maximin(std::vector<double>& covered, Done done, Fits fits, Take take) const {
       const auto rows = static_cast<index_t>(pri.rows()), heads = covered.size();
-      std::vector<std::vector<index_t>> order(heads, std::vector<index_t>(rows));
+      // One max-heap of rows per head: only the rows actually taken are ever ordered.
+      std::vector<std::vector<std::pair<float, index_t>>> heap(heads);
       for (index_t h = 0; h < heads; ++h) {
-        auto& o = order[h];
-        std::iota(o.begin(), o.end(), index_t{0});
-        const auto col = pri.col(static_cast<Eigen::Index>(h));
-        std::sort(o.begin(), o.end(), [&](index_t a, index_t b) {
-          return col[static_cast<Eigen::Index>(a)] > col[static_cast<Eigen::Index>(b)] ||
-                 (col[static_cast<Eigen::Index>(a)] == col[static_cast<Eigen::Index>(b)] && a < b);
-        });
+        heap[h].resize(rows);
+        for (index_t r = 0; r < rows; ++r)
+          heap[h][r] = {pri(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(h)), rows - r};  // ties: lower row first
+        std::make_heap(heap[h].begin(), heap[h].end());
       }
-      std::vector<index_t> cursor(heads, 0);
       std::vector<char> used(rows, 0);
       while (!done()) {
         index_t h = heads;
         for (index_t k = 0; k < heads; ++k)
-          if (cursor[k] < rows && (h == heads || covered[k] < covered[h])) h = k;
+          if (!heap[k].empty() && (h == heads || covered[k] < covered[h])) h = k;
         if (h == heads) return;  // every head has run out of rows that fit
-        auto& c = cursor[h];
-        while (c < rows && (used[order[h][c]] || !fits(order[h][c]))) ++c;  // what does not fit now never will
-        if (c == rows) continue;
-        const index_t r = order[h][c++];
+        std::pop_heap(heap[h].begin(), heap[h].end());
+        const index_t r = rows - heap[h].back().second;
+        heap[h].pop_back();
+        if (used[r] || !fits(r)) continue;  // what does not fit now never will
         used[r] = 1;
         take(r);
         add_share(r, covered);
@@ -218,15 +215,19 @@ struct mog_clusters {
         : idx_(idx), heads_(q.heads),
           moments_(idx.moments(), static_cast<Eigen::Index>(idx.groups()), static_cast<Eigen::Index>(2 * idx.d())),
           log_counts_(idx.log_counts(), static_cast<Eigen::Index>(idx.groups())),
-          w_(static_cast<Eigen::Index>(2 * idx.d()), static_cast<Eigen::Index>(2 * q.heads)) {
+          w_(static_cast<Eigen::Index>(2 * idx.d()), static_cast<Eigen::Index>((optimism == 1.0 ? 1 : 2) * q.heads)) {
       const index_t d = idx.d();
       for (index_t h = 0; h < heads_; ++h)
         for (index_t t = 0; t < d; ++t) {
           const float sq = q.scale * q.row(h)[t];
-          const auto r = static_cast<Eigen::Index>(t), c = static_cast<Eigen::Index>(h), cp = static_cast<Eigen::Index>(heads_ + h);
-          w_(r, c) = w_(r, cp) = sq;
+          const auto r = static_cast<Eigen::Index>(t), c = static_cast<Eigen::Index>(h);
+          w_(r, c) = sq;
           w_(static_cast<Eigen::Index>(d) + r, c) = 0.5f * sq * sq;
-          w_(static_cast<Eigen::Index>(d) + r, cp) = static_cast<float>(0.5 * optimism) * sq * sq;
+          if (w_.cols() == 2 * static_cast<Eigen::Index>(heads_)) {  // priorities differ from estimates
+            const auto cp = static_cast<Eigen::Index>(heads_ + h);
+            w_(r, cp) = sq;
+            w_(static_cast<Eigen::Index>(d) + r, cp) = static_cast<float>(0.5 * optimism) * sq * sq;
+          }
         }
     }
 
@@ -261,7 +262,7 @@ struct mog_clusters {
       scores s;
       const auto g = static_cast<Eigen::Index>(heads_);
       s.lam = p.leftCols(g);
-      s.pri = p.rightCols(g);
+      s.pri = p.cols() == g ? s.lam : Eigen::MatrixXf(p.rightCols(g));  // optimism 1: the estimate itself
       s.log_z = log_sum_exp_cols(s.lam);
       return s;
     }

@@ -1,0 +1,258 @@
+// floe-mog-accuracy: error of MoG attention against the scalar dense reference (double),
+// with the ablation mog_clusters+none and selection-only oracle top-K at the same bytes.
+// A focused companion of floe-eval for tuning and for the figures in docs/methods/mog.md.
+//
+//   floe-mog-accuracy [--synthetic N | --data DIR] [--dtype f16] [--kv-heads H]
+//                     [--budgets 0.01,0.02,0.03,0.05] [--threads 2] [--window W]
+//                     [--refine R] [--clusters C] [--subclusters S] [--outliers F]
+//                     [--query-metric] [--append A]
+// --query-metric builds the k-means metric from the queries of the second half of the
+// decode steps and reports errors on the first half only. --append A builds on the first
+// n - A tokens, appends the last A (index append) and also reports a fresh build on all n.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "floe/estimator.hpp"
+#include "floe/exec/scalar.hpp"
+#include "floe/io/kv_dump.hpp"
+#include "floe/residual/gaussian_moments.hpp"
+#include "floe/residual/none.hpp"
+#include "floe/select/dense.hpp"
+#include "floe/select/mog_clusters.hpp"
+#include "floe/select/oracle_topk.hpp"
+#include "floe/testing/synthetic_kv.hpp"
+
+namespace {
+
+using namespace floe;
+
+struct options {
+  index_t synthetic = 32768, kv_heads = 8, threads = 2;
+  std::string data, dtype = "f16";
+  std::vector<double> budgets{0.01, 0.02, 0.03, 0.05};
+  select::mog_clusters selector;
+  index_t append = 0;        // tokens appended after the build (0: none)
+  bool key_metric = false;    // experiment: the keys themselves as the metric sample
+  bool query_metric = false;  // build with the queries of the second half of the steps, test on the first
+};
+
+std::vector<double> parse_list(const std::string& s) {
+  std::vector<double> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(std::stod(item));
+  return out;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  o.selector.config.window = 256;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      require(i + 1 < argc, a.c_str(), "needs a value");
+      return argv[++i];
+    };
+    if (a == "--synthetic") o.synthetic = std::stoul(next());
+    else if (a == "--data") o.data = next();
+    else if (a == "--dtype") o.dtype = next();
+    else if (a == "--kv-heads") o.kv_heads = std::stoul(next());
+    else if (a == "--budgets") o.budgets = parse_list(next());
+    else if (a == "--threads") o.threads = std::stoul(next());
+    else if (a == "--window") o.selector.config.window = std::stoul(next());
+    else if (a == "--refine") o.selector.refine = std::stod(next());
+    else if (a == "--clusters") o.selector.config.clusters = std::stoul(next());
+    else if (a == "--subclusters") o.selector.config.subclusters = std::stoul(next());
+    else if (a == "--outliers") o.selector.config.outlier_fraction = std::stod(next());
+    else if (a == "--query-metric") o.query_metric = true;
+    else if (a == "--key-metric") o.key_metric = true;
+    else if (a == "--append") o.append = std::stoul(next());
+    else if (a == "--ridge") o.selector.config.query_metric_ridge = std::stod(next());
+    else throw invalid_argument(a.c_str(), "unknown option");
+  }
+  return o;
+}
+
+void for_threads(index_t n, index_t threads, const std::function<void(index_t)>& body) {
+  std::atomic<index_t> next{0};
+  auto work = [&] {
+    for (index_t i; (i = next++) < n;) body(i);
+  };
+  std::vector<std::thread> pool;
+  for (index_t t = 1; t < std::min(threads, n); ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+}
+
+double rel_l2(const float* a, const double* ref, index_t dv) {
+  double num = 0, den = 0;
+  for (index_t j = 0; j < dv; ++j) {
+    num += (a[j] - ref[j]) * (a[j] - ref[j]);
+    den += ref[j] * ref[j];
+  }
+  return den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0);
+}
+
+double quantile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<index_t>(std::ceil(p * static_cast<double>(v.size())));
+  return v[std::min(v.size(), std::max<index_t>(rank, 1)) - 1];
+}
+
+// Everything measured for one method at one budget, over all heads and steps.
+struct tally {
+  std::vector<double> errors;
+  std::map<index_t, std::vector<double>> by_role;  // synthetic: query head % 5
+  stats io;
+  double kv_bytes = 0;
+  void add(const tally& o) {
+    errors.insert(errors.end(), o.errors.begin(), o.errors.end());
+    for (const auto& [r, e] : o.by_role) by_role[r].insert(by_role[r].end(), e.begin(), e.end());
+    io += o.io;
+    kv_bytes += o.kv_bytes;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const options opt = parse(argc, argv);
+  io::kv_dump dump;
+  if (!opt.data.empty()) {
+    dump = io::load_kv_dump(opt.data);
+  } else {
+    testing::synthetic_kv_config cfg;
+    cfg.n = opt.synthetic;
+    cfg.kv_heads = opt.kv_heads;
+    dump = testing::make_synthetic_kv(cfg, opt.dtype, [&](index_t n, const std::function<void(index_t)>& f) { for_threads(n, opt.threads, f); });
+  }
+  const bool synthetic = opt.data.empty();
+  const index_t g = dump.group(), dv = dump.dv, nb = opt.budgets.size();
+  std::printf("data: %s, n = %zu, d = %zu, KV heads %zu, GQA %zu, %zu steps, %s\n",
+              synthetic ? "synthetic" : opt.data.c_str(), dump.n, dump.d, dump.kv_heads, g, dump.steps,
+              std::string(dump.dtype_name()).c_str());
+
+  // Per budget: mog, mog_clusters+none, oracle_topk at mog's bytes.
+  std::vector<tally> mog(nb), ablation(nb), oracle(nb), appended(nb);
+  std::vector<index_t> rebuilds(dump.kv_heads, 0);
+  std::vector<double> build_seconds(dump.kv_heads), index_frac(dump.kv_heads);
+  std::mutex merge;
+  for_threads(dump.kv_heads, opt.threads, [&](index_t h) {
+    dump.visit_head(h, [&](const auto& kv) {
+      const double kv_bytes = static_cast<double>(kv.n() * (kv.d() + kv.dv()) * dump.element_bytes());
+      const estimator<select::dense, residual::none> dense;
+      const auto dense_state = dense.build(kv);
+      select::mog_clusters builder = opt.selector;
+      const index_t test_steps = opt.query_metric ? dump.steps / 2 : dump.steps;
+      if (opt.query_metric)
+        for (index_t t = test_steps; t < dump.steps; ++t)
+          for (index_t j = 0; j < g; ++j) {
+            const float* r = dump.queries_of(h, t).row(j);
+            builder.config.query_sample.insert(builder.config.query_sample.end(), r, r + dump.d);
+          }
+      if (opt.key_metric)
+        for (index_t i = 0; i < kv.n(); i += 16)
+          for (index_t t = 0; t < dump.d; ++t) builder.config.query_sample.push_back(to_float(kv.key_row(i)[t]));
+      const auto index = builder.build(kv);
+      mog_index grown;  // built on the first n - append tokens, then grown by append()
+      if (opt.append) {
+        using T = typename std::decay_t<decltype(kv)>::element_type;
+        const kv_view<T> prefix(kv.key_row(0), kv.value_row(0), kv.n() - opt.append, kv.d(), kv.dv());
+        grown = mog_index::build(prefix, builder.config);
+        const auto generation = grown.generation();
+        for (index_t step = prefix.n() + 1; step <= kv.n(); ++step)  // one decode step at a time
+          grown.append(kv_view<T>(kv.key_row(0), kv.value_row(0), step, kv.d(), kv.dv()));
+        rebuilds[h] = grown.generation() - generation;
+      }
+      build_seconds[h] = index.build_seconds();
+      index_frac[h] = static_cast<double>(index.bytes()) / kv_bytes;
+      std::vector<tally> m(nb), a(nb), o(nb), ap(nb);
+      std::vector<double> ref(g * dv);
+      std::vector<float> out(g * dv);
+      for (index_t t = 0; t < test_steps; ++t) {
+        const query_group q = dump.queries_of(h, t);
+        stats ignored;
+        dense.decode(dense_state, kv, q, exec::scalar{}, output_group<double>{ref.data(), g, dv, 0}, ignored);
+        auto record = [&](tally& into, const auto& est, const auto& state) {
+          stats s;
+          est.decode(state, kv, q, exec::scalar{}, output_group<float>{out.data(), g, dv, 0}, s);
+          into.io += s;
+          into.kv_bytes += kv_bytes;
+          for (index_t j = 0; j < g; ++j) {
+            const double e = rel_l2(out.data() + j * dv, ref.data() + j * dv, dv);
+            into.errors.push_back(e);
+            into.by_role[(h * g + j) % 5].push_back(e);
+          }
+          return s;
+        };
+        for (index_t b = 0; b < nb; ++b) {
+          select::mog_clusters sel = opt.selector;
+          sel.limit = budget::fraction(opt.budgets[b]);
+          const estimator<select::mog_clusters, residual::gaussian_moments> with(sel, {});
+          const estimator<select::mog_clusters, residual::none> without(sel, {});
+          const stats s = record(m[b], with, decltype(with)::state{index, {}});
+          record(a[b], without, decltype(without)::state{index, {}});
+          if (opt.append) record(ap[b], with, decltype(with)::state{grown, {}});
+          // The oracle attends as many tokens as MoG's bytes (summaries included) would buy.
+          const auto k = static_cast<index_t>(static_cast<double>(s.bytes_read()) /
+                                              static_cast<double>((kv.d() + kv.dv()) * dump.element_bytes()));
+          const estimator<select::oracle_topk, residual::none> top({std::min(k, kv.n())}, {});
+          record(o[b], top, top.build(kv));
+        }
+      }
+      std::lock_guard lock(merge);
+      for (index_t b = 0; b < nb; ++b) {
+        mog[b].add(m[b]);
+        ablation[b].add(a[b]);
+        oracle[b].add(o[b]);
+        appended[b].add(ap[b]);
+      }
+    });
+  });
+
+  double mean_build = 0, mean_index = 0;
+  for (index_t h = 0; h < dump.kv_heads; ++h) {
+    mean_build += build_seconds[h] / static_cast<double>(dump.kv_heads);
+    mean_index += index_frac[h] / static_cast<double>(dump.kv_heads);
+  }
+  std::printf("index: %.3f s build per KV head (one thread), %.2f %% of the head's KV bytes\n", mean_build, 100 * mean_index);
+  std::printf("%-18s %7s %9s %10s %8s %8s %8s %8s\n", "method", "budget", "keys_read", "bytes_read", "err_p50", "err_p90",
+              "err_p99", "err_max");
+  auto row = [](const char* name, double b, const tally& t) {
+    const double keys = static_cast<double>(t.io.tokens_read) / static_cast<double>(t.io.tokens_total);
+    std::printf("%-18s %7.3f %8.2f%% %9.2f%% %8.4f %8.4f %8.4f %8.4f\n", name, b, 100 * keys,
+                100 * static_cast<double>(t.io.bytes_read()) / t.kv_bytes, quantile(t.errors, 0.5),
+                quantile(t.errors, 0.9), quantile(t.errors, 0.99), quantile(t.errors, 1.0));
+  };
+  for (index_t b = 0; b < nb; ++b) {
+    row("mog", opt.budgets[b], mog[b]);
+    row("mog_clusters+none", opt.budgets[b], ablation[b]);
+    row("oracle_topk@bytes", opt.budgets[b], oracle[b]);
+    if (opt.append) row("mog(appended)", opt.budgets[b], appended[b]);
+  }
+  if (opt.append) {
+    index_t total = 0;
+    for (auto r : rebuilds) total += r;
+    std::printf("append: %zu tokens appended one step at a time; %zu re-clusterings over %zu KV heads\n", opt.append, total,
+                dump.kv_heads);
+  }
+  if (synthetic) {
+    std::printf("mog error p50 / p90 by synthetic head role at budget %.3f:\n", opt.budgets.back());
+    for (const auto& [r, e] : mog.back().by_role)
+      std::printf("  %-9s %8.4f %8.4f\n", std::string(testing::head_role_name(static_cast<testing::head_role>(r))).c_str(),
+                  quantile(e, 0.5), quantile(e, 0.9));
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "floe-mog-accuracy: %s\n", e.what());
+  return 2;
+}

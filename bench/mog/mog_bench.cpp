@@ -1,0 +1,164 @@
+// MoG decode speed against dense decode on floe::exec::simd, in the same run, on the
+// synthetic cache (fp16, d = dv = 128): N = 8K ... 512K, one query head per KV head and
+// GQA-4, at a 5 % budget and at a fixed 2048-token budget; the per-token-range layout
+// against the adopted clustered layout; index build time and memory with 1 and 2 threads.
+// docs/methods/mog.md has the command and the figures.
+#include <benchmark/benchmark.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "floe/estimator.hpp"
+#include "floe/exec/simd.hpp"
+#include "floe/exec/thread_pool.hpp"
+#include "floe/residual/gaussian_moments.hpp"
+#include "floe/residual/none.hpp"
+#include "floe/select/dense.hpp"
+#include "floe/select/mog_clusters.hpp"
+#include "floe/testing/synthetic_kv.hpp"
+
+namespace {
+
+using namespace floe;
+using mog = estimator<select::mog_clusters, residual::gaussian_moments>;
+
+// One KV head of the synthetic cache in fp16, its query rows (g heads x steps), and the
+// same cache copied into the index's clustered order.
+struct head_data {
+  index_t n, d, g, steps;
+  std::vector<half> keys, values, keys_clustered, values_clustered;
+  std::vector<float> queries;
+  kv_view<half> view() const { return {keys.data(), values.data(), n, d, d}; }
+  kv_view<half> clustered_view() const { return {keys_clustered.data(), values_clustered.data(), n, d, d}; }
+  query_group query(index_t step) const { return {queries.data() + step * d, g, d, steps * d, 1.f / std::sqrt(float(d))}; }
+};
+
+const head_data& data(index_t n, index_t g) {
+  static std::map<std::pair<index_t, index_t>, std::unique_ptr<head_data>> cache;
+  static std::mutex m;
+  std::lock_guard lock(m);
+  auto& slot = cache[{n, g}];
+  if (!slot) {
+    testing::synthetic_kv_config cfg;
+    cfg.n = n;
+    cfg.kv_heads = 1;
+    cfg.group = g;
+    cfg.queries = 8;
+    const auto head = testing::generate_synthetic_head(cfg, 0);
+    slot = std::make_unique<head_data>();
+    slot->n = n;
+    slot->d = cfg.d;
+    slot->g = g;
+    slot->steps = cfg.queries;
+    for (float x : head.keys) slot->keys.push_back(half::from_float(x));
+    for (float x : head.values) slot->values.push_back(half::from_float(x));
+    slot->queries = head.queries;
+  }
+  return *slot;
+}
+
+// Sets bytes and tokens counters per decode call (one GQA group).
+void report(benchmark::State& state, const stats& s, index_t calls, const head_data& h) {
+  const double c = static_cast<double>(calls);
+  state.counters["bytes_read_frac"] =
+      static_cast<double>(s.bytes_read()) / c / static_cast<double>(h.n * 2 * h.d * sizeof(half));
+  state.counters["keys_read_frac"] = static_cast<double>(s.tokens_read) / c / static_cast<double>(h.n);
+}
+
+template <class Est, KvView KV>
+void run(benchmark::State& state, const Est& est, const typename Est::state& st, const KV& kv, const head_data& h) {
+  const exec::simd exec;
+  std::vector<float> out(h.g * h.d);
+  stats s;
+  index_t calls = 0;
+  for (auto _ : state) {
+    est.decode(st, kv, h.query(calls % h.steps), exec, output_group<float>{out.data(), h.g, h.d, 0}, s);
+    benchmark::DoNotOptimize(out.data());
+    ++calls;
+  }
+  report(state, s, calls, h);
+}
+
+// args: n, g
+void dense_decode(benchmark::State& state) {
+  const auto& h = data(state.range(0), state.range(1));
+  const estimator<select::dense, residual::none> est;
+  run(state, est, est.build(h.view()), h.view(), h);
+}
+
+// args: n, g, budget (tokens if > 1, else per mille of n)
+mog make_mog(const head_data& h, std::int64_t budget_arg) {
+  const budget b = budget_arg > 1000 ? budget::tokens(static_cast<index_t>(budget_arg))
+                                     : budget::fraction(static_cast<double>(budget_arg) / 1000.0);
+  return mog(select::mog_clusters::with_budget(b, h.n), {});
+}
+
+const mog::state& mog_state(const head_data& h, const mog& est, bool clustered) {
+  static std::map<std::tuple<const head_data*, index_t, index_t, bool>, std::unique_ptr<mog::state>> cache;
+  static std::mutex m;
+  std::lock_guard lock(m);
+  auto& slot = cache[{&h, est.selector().config.window, est.selector().config.sinks, clustered}];
+  if (!slot) {
+    slot = std::make_unique<mog::state>(est.build(h.view()));
+    if (clustered) {  // copy the cache into the clustered order and adopt it
+      auto& mh = const_cast<head_data&>(h);
+      const auto order = slot->selector_index.clustered_order();
+      mh.keys_clustered = h.keys;
+      mh.values_clustered = h.values;
+      for (index_t p = 0; p < order.size(); ++p) {
+        std::copy_n(h.keys.begin() + order[p] * h.d, h.d, mh.keys_clustered.begin() + p * h.d);
+        std::copy_n(h.values.begin() + order[p] * h.d, h.d, mh.values_clustered.begin() + p * h.d);
+      }
+      slot->selector_index.adopt_clustered_order();
+    }
+  }
+  return *slot;
+}
+
+void mog_decode(benchmark::State& state) {
+  const auto& h = data(state.range(0), state.range(1));
+  const mog est = make_mog(h, state.range(2));
+  const auto& st = mog_state(h, est, false);
+  run(state, est, st, h.view(), h);
+  state.counters["index_bytes_frac"] = static_cast<double>(st.bytes()) / static_cast<double>(h.n * 2 * h.d * sizeof(half));
+}
+
+void mog_decode_clustered_layout(benchmark::State& state) {
+  const auto& h = data(state.range(0), state.range(1));
+  const mog est = make_mog(h, state.range(2));
+  const auto& st = mog_state(h, est, true);
+  run(state, est, st, h.clustered_view(), h);
+}
+
+// args: n, threads
+void mog_build(benchmark::State& state) {
+  const auto& h = data(state.range(0), 1);
+  thread_pool pool(static_cast<index_t>(state.range(1)));
+  const auto cfg = select::mog_clusters::with_budget(budget::fraction(0.05), h.n).config;
+  std::uint64_t bytes = 0;
+  for (auto _ : state) {
+    const auto idx = mog_index::build(h.view(), cfg, pool.hook());
+    bytes = idx.bytes();
+    benchmark::DoNotOptimize(bytes);
+  }
+  state.counters["index_bytes_frac"] = static_cast<double>(bytes) / static_cast<double>(h.n * 2 * h.d * sizeof(half));
+}
+
+void shapes(benchmark::internal::Benchmark* b, bool with_budget) {
+  for (std::int64_t n : {8192, 32768, 131072, 524288})
+    for (std::int64_t g : {1, 4}) {
+      if (!with_budget) b->Args({n, g});
+      else
+        for (std::int64_t budget : {50, 2048}) b->Args({n, g, budget});  // 5 % of n; 2048 tokens
+    }
+}
+
+}  // namespace
+
+BENCHMARK(dense_decode)->Apply([](auto* b) { shapes(b, false); })->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(mog_decode)->Apply([](auto* b) { shapes(b, true); })->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(mog_decode_clustered_layout)->Apply([](auto* b) { shapes(b, true); })->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(mog_build)->Args({131072, 1})->Args({131072, 2})->Unit(benchmark::kMillisecond)->Iterations(2);
+
+BENCHMARK_MAIN();
