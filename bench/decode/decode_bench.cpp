@@ -3,17 +3,16 @@
 // measured in the same run (docs/benchmarks.md).
 //
 //   decode_bench [--benchmark_format=json] [--benchmark_filter=...]
-//   FLOE_BENCH_STREAM_MIB=1024       buffer of the streaming-read measurement
+//   FLOE_BENCH_STREAM_MIB=1024       buffer of the streaming-read measurement, taken again
+//                                    (median of 3 passes) right before every case
 //   FLOE_BENCH_WORKING_SET_MIB=2048  KV copies rotated per iteration (a cold cache, as in a
 //                                    model whose other layers evict this one between steps)
 //   FLOE_SIMD_ARCH=avx512|avx2|scalar
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -50,7 +49,11 @@ std::size_t env_mib(const char* name, std::size_t fallback) {
   return (v && *v ? std::strtoull(v, nullptr, 10) : fallback) << 20;
 }
 
-std::map<index_t, double> stream_gbps;  // threads -> median streaming-read GB/s of this run
+// The streaming-read buffer, allocated once; every case measures against it afresh.
+const floe::bench::stream_reader& stream_buffer() {
+  static const floe::bench::stream_reader reader(env_mib("FLOE_BENCH_STREAM_MIB", 1024));
+  return reader;
+}
 
 // KV caches of one batch-1 decode step (Hkv heads of N tokens), in `copies` independent
 // copies so that rotating through them keeps the working set far above the LLC.
@@ -173,6 +176,9 @@ void bm_decode(benchmark::State& state, shape_config s, index_t n, executor_kind
                index_t threads) {
   const kv_set<T>& set = cached_kv_set<T>(s, n);
   floe::thread_pool pool(threads);
+  // The reference bandwidth, measured just before the case: the same threads, the same
+  // moment's load from whatever else runs on the machine.
+  const double stream_gbps = stream_buffer().measure(pool, 3).median_gbps;
   const floe::exec::simd simd(pool);
   const float scale = 1.f / std::sqrt(static_cast<float>(s.d));
   const bool gathered = access == access_kind::gathered;
@@ -207,8 +213,8 @@ void bm_decode(benchmark::State& state, shape_config s, index_t n, executor_kind
   state.counters["bytes"] = bytes;
   state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["bw_fraction"] =
-      benchmark::Counter(bytes * 1e-9 / stream_gbps[threads], benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["stream_GB/s"] = stream_gbps[threads];
+      benchmark::Counter(bytes * 1e-9 / stream_gbps, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["stream_GB/s"] = stream_gbps;
   state.counters["copies"] = static_cast<double>(set.copies);
   state.SetLabel(exec_kind == executor_kind::simd ? std::string(floe::simd_arch_name(simd.arch())) : "double");
 }
@@ -216,7 +222,7 @@ void bm_decode(benchmark::State& state, shape_config s, index_t n, executor_kind
 void bm_stream_read(benchmark::State& state, index_t threads) {
   floe::thread_pool pool(threads);
   floe::bench::stream_result r;
-  for (auto _ : state) r = floe::bench::measure_stream_read(pool, env_mib("FLOE_BENCH_STREAM_MIB", 1024), 5);
+  for (auto _ : state) r = stream_buffer().measure(pool, 7);
   state.counters["GB/s"] = r.median_gbps;
   state.counters["best_GB/s"] = r.best_gbps;
   state.counters["bytes"] = static_cast<double>(r.bytes);
@@ -245,11 +251,6 @@ void register_cases(shape_config s, index_t n) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   for (index_t threads : {1, 2}) {
-    floe::thread_pool pool(threads);
-    const auto r = floe::bench::measure_stream_read(pool, env_mib("FLOE_BENCH_STREAM_MIB", 1024), 7);
-    stream_gbps[threads] = r.median_gbps;
-    std::fprintf(stderr, "streaming read, %zu thread(s), %zu MiB: median %.2f GB/s, best %.2f GB/s\n",
-                 static_cast<std::size_t>(threads), r.bytes >> 20, r.median_gbps, r.best_gbps);
     benchmark::RegisterBenchmark(join("stream_read/threads:", threads).c_str(),
                                  [threads](benchmark::State& st) { bm_stream_read(st, threads); })
         ->UseRealTime()
@@ -262,8 +263,6 @@ int main(int argc, char** argv) {
       register_cases<floe::bfloat16>(s, n);
     }
   benchmark::AddCustomContext("floe_simd_arch", std::string(floe::simd_arch_name(floe::exec::simd().arch())));
-  for (const auto& [threads, gbps] : stream_gbps)
-    benchmark::AddCustomContext(join("stream_read_gbps_threads_", threads), join(gbps));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

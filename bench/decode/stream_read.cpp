@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <memory>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -66,28 +66,29 @@ std::uint64_t stream_sum(const std::uint64_t* words, std::size_t count) {
   return sum_plain(words, count);
 }
 
-stream_result measure_stream_read(thread_pool& pool, std::size_t bytes, int repetitions) {
+stream_reader::stream_reader(std::size_t bytes) : words_(bytes / 64 * 8), buffer_(new std::uint64_t[words_]) {
+  for (std::size_t i = 0; i < words_; ++i) buffer_[i] = i;
+}
+
+stream_result stream_reader::measure(thread_pool& pool, int repetitions) const {
   const std::size_t threads = pool.size();
-  const std::size_t per_thread = bytes / threads / 64 * 8;  // words, whole cache lines
-  const std::size_t words = per_thread * threads;
-  std::unique_ptr<std::uint64_t[]> buffer(new std::uint64_t[words]);
-  for (std::size_t i = 0; i < words; ++i) buffer[i] = i;
+  const std::size_t per_thread = words_ / threads / 8 * 8;  // whole cache lines
   std::vector<std::uint64_t> sums(threads);
   auto pass = [&] {
-    pool.parallel_for(threads, [&](index_t t) { sums[t] = stream_sum(buffer.get() + t * per_thread, per_thread); });
+    pool.parallel_for(threads, [&](index_t t) { sums[t] = stream_sum(buffer_.get() + t * per_thread, per_thread); });
   };
-  pass();
+  pass();  // warm up the threads and the TLB
   std::vector<double> gbps;
   for (int r = 0; r < repetitions; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     pass();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    gbps.push_back(static_cast<double>(words * 8) / s * 1e-9);
+    gbps.push_back(static_cast<double>(per_thread * threads * 8) / s * 1e-9);
   }
   volatile std::uint64_t sink = 0;  // keep the sums alive
   for (auto x : sums) sink = sink + x;
   std::sort(gbps.begin(), gbps.end());
-  return {gbps[gbps.size() / 2], gbps.back(), words * 8};
+  return {gbps[gbps.size() / 2], gbps.back(), per_thread * threads * 8};
 }
 
 }  // namespace floe::bench

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "floe/exec/thread_pool.hpp"
 
@@ -19,8 +19,16 @@ struct stream_result {
   std::size_t bytes = 0;
 };
 
-// Reads `bytes` (rounded down to whole cache lines per thread) `repetitions` times on
-// `pool`, after one untimed pass that faults the pages in.
-stream_result measure_stream_read(thread_pool& pool, std::size_t bytes, int repetitions);
+// A buffer of `bytes` (written once, so its pages exist) that measure() reads whole.
+class stream_reader {
+ public:
+  explicit stream_reader(std::size_t bytes);
+  // Reads the buffer `repetitions` times on `pool`, each thread its own contiguous part.
+  stream_result measure(thread_pool& pool, int repetitions) const;
+
+ private:
+  std::size_t words_;
+  std::unique_ptr<std::uint64_t[]> buffer_;
+};
 
 }  // namespace floe::bench

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Turns decode_bench's --benchmark_format=json output into the tables of docs/benchmarks.md.
+"""Turns decode_bench's JSON output into the table of docs/benchmarks.md (the medians when
+the run had --benchmark_repetitions).
 
-    decode_bench --benchmark_format=json --benchmark_out=decode.json
+    decode_bench --benchmark_out=decode.json --benchmark_out_format=json
     python3 bench/decode/summarize.py decode.json
 """
 import json
@@ -19,7 +20,10 @@ def main(path):
     print(f"host: {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs, load average "
           f"{', '.join(f'{x:.2f}' for x in ctx.get('load_avg', []))}; floe_simd_arch {ctx.get('floe_simd_arch', '?')}")
     rows = {}
-    for b in report["benchmarks"]:
+    benches = report["benchmarks"]
+    if any(b.get("run_type") == "aggregate" for b in benches):  # --benchmark_repetitions: medians
+        benches = [b for b in benches if b.get("aggregate_name") == "median"]
+    for b in benches:
         if b["name"].startswith("stream_read"):
             print(f"{b['name'].split('/iterations')[0]}: median {b['GB/s']:.2f} GB/s, best {b['best_GB/s']:.2f} GB/s")
             continue
