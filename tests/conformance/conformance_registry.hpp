@@ -15,6 +15,7 @@ inline auto full_budget_estimators() {
       [](index_t n) { return estimator<select::streaming, residual::none>({4, n}, {}); },
       [](index_t n) { return estimator<select::streaming, residual::none>({n, 0}, {}); },
       [](index_t n) { return estimator<select::oracle_topk, residual::none>({n}, {}); },
+      [](index_t n) { return estimator<select::mog_clusters, residual::gaussian_moments>(select::mog_clusters::with_budget(budget::fraction(1.0), n), {}); },
   };
 }
 

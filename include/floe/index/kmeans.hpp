@@ -45,11 +45,20 @@ inline void kmeans_assign(const row_matrix& x, const row_matrix& c, std::vector<
   parallel_for(blocks, [&](index_t b) {
     const index_t begin = b * block, rows = std::min(block, n - begin);
     const auto xb = x.middleRows(static_cast<Eigen::Index>(begin), static_cast<Eigen::Index>(rows));
-    Eigen::MatrixXf dist = -2.f * (c * xb.transpose());  // [k, rows]: column r holds point r's distances
-    dist.colwise() += c_norm;
+    Eigen::MatrixXf dots(c.rows(), static_cast<Eigen::Index>(rows));  // column r: point r against every centroid
+    dots.noalias() = c * xb.transpose();
+    const index_t k = static_cast<index_t>(c.rows());
     for (index_t r = 0; r < rows; ++r) {
-      Eigen::Index best = 0;
-      const float value = dist.col(static_cast<Eigen::Index>(r)).minCoeff(&best);
+      const float* col = dots.data() + r * k;
+      index_t best = 0;
+      float value = c_norm[0] - 2.f * col[0];
+      for (index_t j = 1; j < k; ++j) {
+        const float v = c_norm[static_cast<Eigen::Index>(j)] - 2.f * col[j];
+        if (v < value) {
+          value = v;
+          best = j;
+        }
+      }
       labels[begin + r] = static_cast<std::uint32_t>(best);
       sq_distance[begin + r] = std::max(0.f, xb.row(static_cast<Eigen::Index>(r)).squaredNorm() + value);
     }
