@@ -61,7 +61,7 @@ std::vector<method_entry<E>> registered_methods() {
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::exact_scan>, res::none>{sel::topk_anchors<sel::exact_scan>::with_budget(b.resolve(n)), {}}; }),
       method<E>("topk_anchors:exact_scan+feature_map", "as topk_anchors:exact_scan+none, plus the middle's left-out mass from positive random features (M = 64)",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::exact_scan>, res::feature_map<>>{sel::topk_anchors<sel::exact_scan>::with_budget(b.resolve(n)), {{64}}}; }),
-      method<E>("topk_anchors:quantized_scan+none", "sink + tail + Top-K by a 4-bit key scan with bounds, exact re-rank of 2K candidates; selection only",
+      method<E>("topk_anchors:quantized_scan+none", "sink + tail + Top-K by a 4-bit key scan with bounds, exact re-rank of the 1.25 K best estimates; selection only",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::none>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {}}; }),
       method<E>("topk_anchors:quantized_scan+feature_map", "as topk_anchors:quantized_scan+none, plus positive random features (M = 64) for the left-out middle",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}}}; }),

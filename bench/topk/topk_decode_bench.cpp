@@ -1,17 +1,21 @@
 // Decode-step speed of topk_anchors (+none, +feature_map) against dense decode, in the
 // same run, on floe::exec::simd: N tokens (default 128K), d = dv = 128, fp16 KV, GQA
 // group g = 4, 8 KV heads (512 MiB of KV at 128K, more than the last-level cache).
-// One iteration = one decode step of every KV head, on one thread.
+// One iteration = one decode step of every KV head; KV heads run on FLOE_BENCH_THREADS
+// threads (default 1), each head's step on one thread, for dense and topk alike.
+// Environment: FLOE_BENCH_N, FLOE_BENCH_KV_HEADS, FLOE_BENCH_GQA, FLOE_BENCH_THREADS.
 // docs/methods/retrieval-completion.md, "speed".
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <string>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "floe/estimator.hpp"
 #include "floe/exec/simd.hpp"
+#include "floe/exec/thread_pool.hpp"
 #include "floe/residual/feature_map.hpp"
 #include "floe/residual/none.hpp"
 #include "floe/select/dense.hpp"
@@ -28,7 +32,8 @@ index_t env_or(const char* name, index_t fallback) {
 
 // The KV cache of every head and the queries of one step, built once.
 struct workload {
-  index_t n = env_or("FLOE_BENCH_N", 131072), d = 128, dv = 128, g = 4, heads = env_or("FLOE_BENCH_KV_HEADS", 8);
+  index_t n = env_or("FLOE_BENCH_N", 131072), d = 128, dv = 128, g = env_or("FLOE_BENCH_GQA", 4),
+          heads = env_or("FLOE_BENCH_KV_HEADS", 8);
   std::vector<std::vector<floe::half>> keys, values;
   std::vector<float> queries;
 
@@ -55,6 +60,11 @@ const workload& data() {
   return w;
 }
 
+floe::thread_pool& pool() {
+  static floe::thread_pool p(env_or("FLOE_BENCH_THREADS", 1));
+  return p;
+}
+
 // Runs decode steps of `est` over every KV head; the states are built outside the timing.
 template <class Est>
 void run(benchmark::State& bench, const Est& est) {
@@ -62,18 +72,23 @@ void run(benchmark::State& bench, const Est& est) {
   const floe::exec::simd exec;
   std::vector<typename Est::state> states;
   for (index_t h = 0; h < w.heads; ++h) states.push_back(est.build(w.kv(h)));
-  std::vector<float> out(w.g * w.dv);
-  floe::stats io;
+  std::vector<float> out(w.heads * w.g * w.dv);
+  std::vector<floe::stats> io(w.heads);
   for (auto _ : bench) {
-    for (index_t h = 0; h < w.heads; ++h)
-      est.decode(states[h], w.kv(h), w.q(h), exec, floe::output_group<float>{out.data(), w.g, w.dv, 0}, io);
+    pool().parallel_for(w.heads, [&](index_t h) {
+      est.decode(states[h], w.kv(h), w.q(h), exec, floe::output_group<float>{out.data() + h * w.g * w.dv, w.g, w.dv, 0},
+                 io[h]);
+    });
     benchmark::DoNotOptimize(out.data());
   }
+  floe::stats all;
+  for (const auto& s : io) all += s;
   const double steps = static_cast<double>(bench.iterations());
-  bench.counters["MiB_read_per_step"] = static_cast<double>(io.bytes_read()) / steps / (1 << 20);
-  bench.counters["exact_tokens_per_head"] = static_cast<double>(io.tokens_read) / steps / static_cast<double>(w.heads);
+  bench.counters["MiB_read_per_step"] = static_cast<double>(all.bytes_read()) / steps / (1 << 20);
+  bench.counters["exact_tokens_per_head"] = static_cast<double>(all.tokens_read) / steps / static_cast<double>(w.heads);
   bench.counters["index_MiB_per_head"] = static_cast<double>(states[0].bytes()) / (1 << 20);
-  bench.SetLabel(std::string(exec.name) + " arch " + std::to_string(static_cast<int>(exec.arch())));
+  bench.SetLabel(std::string(exec.name) + " arch " + std::to_string(static_cast<int>(exec.arch())) + ", " +
+                 std::to_string(pool().size()) + " thread(s)");
 }
 
 // topk_anchors reading 5 % of the cache exactly: 4 sinks, a 64-token window, the rest Top-K.
@@ -95,8 +110,69 @@ void topk_quantized_feature_map(benchmark::State& s) {
   fm.map.features = static_cast<index_t>(s.range(0));
   run(s, floe::estimator<sel, floe::residual::feature_map<>>(five_percent(data().n), fm));
 }
+// The phases of one topk_anchors<quantized_scan>+feature_map step, timed apart over the
+// same heads: choosing (4-bit scan, bounds, re-rank), attending the chosen tokens, and
+// the feature-map estimate.
+struct phases {
+  using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
+  sel selector = five_percent(data().n);
+  floe::residual::feature_map<> residual{{64}};
+  std::vector<sel::index> sidx;
+  std::vector<floe::feature_map_summary> ridx;
+  std::vector<sel::selection> chosen;
+  phases() {
+    const workload& w = data();
+    floe::stats io;
+    for (index_t h = 0; h < w.heads; ++h) {
+      sidx.push_back(selector.build(w.kv(h)));
+      ridx.push_back(residual.build(w.kv(h), selector, sidx.back()));
+      chosen.emplace_back();
+      selector.select(sidx[h], w.kv(h), w.q(h), floe::exec::simd{}, chosen[h], io);
+    }
+  }
+};
+const phases& phase_data() {
+  static const phases p;
+  return p;
+}
+
+void phase_select(benchmark::State& s) {
+  const auto& p = phase_data();
+  const workload& w = data();
+  std::vector<phases::sel::selection> out(w.heads);
+  std::vector<floe::stats> io(w.heads);
+  for (auto _ : s)
+    pool().parallel_for(w.heads, [&](index_t h) { p.selector.select(p.sidx[h], w.kv(h), w.q(h), floe::exec::simd{}, out[h], io[h]); });
+}
+
+void phase_attend(benchmark::State& s) {
+  const auto& p = phase_data();
+  const workload& w = data();
+  const floe::exec::simd exec;
+  for (auto _ : s)
+    pool().parallel_for(w.heads, [&](index_t h) {
+      floe::partial_set<float> parts(w.g, w.dv);
+      exec.attend(w.kv(h), w.q(h), p.chosen[h].ranges, parts);
+      benchmark::DoNotOptimize(parts.l(0));
+    });
+}
+
+void phase_feature_map(benchmark::State& s) {
+  const auto& p = phase_data();
+  const workload& w = data();
+  std::vector<floe::stats> io(w.heads);
+  for (auto _ : s)
+    pool().parallel_for(w.heads, [&](index_t h) {
+      floe::partial_set<float> parts(w.g, w.dv);
+      p.residual.estimate(p.ridx[h], w.kv(h), w.q(h), p.chosen[h], floe::exec::simd{}, parts, io[h]);
+      benchmark::DoNotOptimize(parts.l(0));
+    });
+}
 }  // namespace
 
+BENCHMARK(phase_select)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(phase_attend)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(phase_feature_map)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_none)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_feature_map)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();

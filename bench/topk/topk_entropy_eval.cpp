@@ -47,8 +47,17 @@ method_entry<exec_t> quantized_with(const std::string& name, index_t features) {
   });
 }
 
+// quantized_scan+none with another re-rank factor.
+method_entry<exec_t> rerank_with(const std::string& name, double factor) {
+  using sel = select::topk_anchors<select::quantized_scan>;
+  return method<exec_t>(name, "sweep", [factor](budget b, index_t n) {
+    return estimator<sel, residual::none>{sel::with_budget(b.resolve(n), 4, 64, select::quantized_scan{factor}), {}};
+  });
+}
+
 std::vector<method_entry<exec_t>> all_methods() {
   auto m = registered_methods<exec_t>();
+  for (double f : {1.0, 1.25, 1.5, 2.0, 4.0}) m.push_back(rerank_with("q-rerank" + std::to_string(f).substr(0, 4), f));
   for (index_t f : {32, 64, 128, 256, 512}) {
     m.push_back(quantized_with<residual::positive_random>("q+prf" + std::to_string(f), f));
     m.push_back(quantized_with<residual::optimized_positive_random>("q+oprf" + std::to_string(f), f));

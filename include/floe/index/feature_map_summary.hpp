@@ -178,9 +178,12 @@ class feature_map_summary {
   // Calls f(centred keys, values) for the tokens of `ranges`, chunk_tokens rows at a time.
   template <KvView KV, class F>
   void for_each_chunk(const KV& kv, const std::vector<token_range>& ranges, F&& f) const {
-    row_matrix keys(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(d_));
-    row_matrix values(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(dv_));
-    std::vector<index_t> tokens;
+    // Per-thread buffers kept between calls: fresh pages every step cost more than the GEMMs.
+    thread_local row_matrix keys, values;
+    keys.resize(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(d_));
+    values.resize(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(dv_));
+    thread_local std::vector<index_t> tokens;
+    tokens.clear();
     for (const token_range& r : ranges)
       for (index_t i = r.begin; i < r.end; ++i) tokens.push_back(i);
     constexpr index_t ahead = 8;  // rows in flight: scattered gathers are latency-bound

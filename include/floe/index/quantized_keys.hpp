@@ -139,9 +139,9 @@ class quantized_keys {
       // rounding of the dot products here and in any executor's exact score.
       for (index_t j = 0; j < T; ++j)
         spread[j] = scale[j] * (0.5f + 1e-4f) + 4e-5f * (std::fabs(offset[j]) + 16.f * scale[j]);
-      lanes dot[H][V];
+      lanes dot[H][V], dot_odd[H][V];  // two chains per head: FMA latency, not throughput, binds
       for (index_t h = 0; h < H; ++h)
-        for (index_t v = 0; v < V; ++v) dot[h][v] = lanes(0.f);
+        for (index_t v = 0; v < V; ++v) dot[h][v] = dot_odd[h][v] = lanes(0.f);
       const std::uint8_t* cb = c + b * (block_dims / 2) * T;
       for (index_t pair = 0; pair < block_dims / 2; ++pair) {
         for (index_t j = 0; j < T; ++j) {
@@ -153,13 +153,15 @@ class quantized_keys {
           const lanes e = lanes::load_aligned(even + v * L), o = lanes::load_aligned(odd + v * L);
           for (index_t h = 0; h < H; ++h) {
             const float* qb = p.rows.data() + (h0 + h) * p.padded_d + b * block_dims + 2 * pair;
-            dot[h][v] = xsimd::fma(lanes(qb[0]), e, xsimd::fma(lanes(qb[1]), o, dot[h][v]));
+            dot[h][v] = xsimd::fma(lanes(qb[0]), e, dot[h][v]);
+            dot_odd[h][v] = xsimd::fma(lanes(qb[1]), o, dot_odd[h][v]);
           }
         }
       }
       for (index_t h = 0; h < H; ++h) {
         const lanes sum(p.sums[(h0 + h) * blocks_ + b]), l1(p.l1[(h0 + h) * blocks_ + b]);
         for (index_t v = 0; v < V; ++v) {
+          dot[h][v] += dot_odd[h][v];
           centers[h][v] = xsimd::fma(lanes::load_aligned(offset + v * L), sum,
                                      xsimd::fma(lanes::load_aligned(scale + v * L), dot[h][v], centers[h][v]));
           radii[h][v] = xsimd::fma(lanes::load_aligned(spread + v * L), l1, radii[h][v]);
@@ -178,7 +180,8 @@ class quantized_keys {
   index_t tile_code_bytes() const { return blocks_ * (block_dims / 2) * tile_tokens; }
   index_t tile_params() const { return blocks_ * 2 * tile_tokens; }
 
-  static void widen(const half* src, float* dst) { detail::widen(src, dst, tile_tokens); }
+  // Offsets and scales are finite by construction (keys are checked at append).
+  static void widen(const half* src, float* dst) { detail::widen_finite(src, dst, tile_tokens); }
 
   // Offset rounded down and scale rounded up, so every element lies in [offset, offset + 15 scale].
   void quantize_row(const float* row, index_t i) {

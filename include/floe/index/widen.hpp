@@ -29,6 +29,16 @@ inline void widen(const T* src, float* dst, index_t n) {
   }
 }
 
+// half -> float for values known to be finite (normal, subnormal or zero): the same
+// rescaling without the Inf/NaN select, which keeps the loop a few vector instructions.
+inline void widen_finite(const half* src, float* dst, index_t n) {
+  for (index_t j = 0; j < n; ++j) {
+    const std::uint32_t h = src[j].bits;
+    const float magnitude = bits_float((h & 0x7fffu) << 13) * 5.192296858534828e33f;  // 2^112
+    dst[j] = bits_float(float_bits(magnitude) | ((h & 0x8000u) << 16));
+  }
+}
+
 // Asks for the cache lines of a row that will be read soon (scattered gathers).
 template <KvElement T>
 inline void prefetch_row(const T* row, index_t n) {

@@ -75,27 +75,39 @@ inline std::vector<index_t> top_k(const float* key, index_t count, index_t k, co
   return order;
 }
 
-// The k-th largest key (k >= 1), or -inf when k exceeds count. A histogram of the top 12
-// bits of the order-preserving integer image finds the bucket holding it; only that
-// bucket is sorted partially. No key may be NaN.
+// The k-th largest key (k >= 1), or -inf when k exceeds count. Radix selection on the
+// order-preserving integer image: a histogram of the top 12 bits finds the bucket that
+// holds it, a histogram of the next 12 bits inside that bucket narrows it, and only the
+// few keys left are sorted partially. No key may be NaN.
 inline float kth_largest(const float* key, index_t count, index_t k) {
   if (k == 0 || k > count) return -std::numeric_limits<float>::infinity();
-  auto bucket = [](float f) {
+  auto image = [](float f) {
     std::uint32_t u;
     std::memcpy(&u, &f, sizeof u);
-    return (u & 0x80000000u ? ~u : u | 0x80000000u) >> 20;
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
   };
-  std::vector<index_t> histogram(4096, 0);
-  for (index_t i = 0; i < count; ++i) ++histogram[bucket(key[i])];
-  index_t above = 0, b = 4096;
-  while (above + histogram[b - 1] < k) above += histogram[--b];
-  --b;
+  // Among `keys`, the 12-bit digit at `shift` of the k-th largest, and how many lie above it.
+  auto digit_of = [](const std::vector<std::uint32_t>& hist, index_t k_left, index_t& above) {
+    index_t b = hist.size();
+    while (above + hist[b - 1] < k_left) above += hist[--b];
+    return static_cast<std::uint32_t>(b - 1);
+  };
+  std::vector<std::uint32_t> hist(4096, 0);
+  for (index_t i = 0; i < count; ++i) ++hist[image(key[i]) >> 20];
+  index_t above = 0;
+  const std::uint32_t top = digit_of(hist, k, above);
   std::vector<float> inside;
-  inside.reserve(histogram[b]);
+  inside.reserve(hist[top]);
   for (index_t i = 0; i < count; ++i)
-    if (bucket(key[i]) == b) inside.push_back(key[i]);
-  const auto nth = inside.begin() + static_cast<std::ptrdiff_t>(k - above - 1);
-  std::nth_element(inside.begin(), nth, inside.end(), std::greater<float>{});
+    if (image(key[i]) >> 20 == top) inside.push_back(key[i]);
+  std::fill(hist.begin(), hist.end(), 0u);
+  for (float x : inside) ++hist[(image(x) >> 8) & 0xfffu];
+  const std::uint32_t next = digit_of(hist, k, above);
+  std::vector<float> last;
+  for (float x : inside)
+    if (((image(x) >> 8) & 0xfffu) == next) last.push_back(x);
+  const auto nth = last.begin() + static_cast<std::ptrdiff_t>(k - above - 1);
+  std::nth_element(last.begin(), nth, last.end(), std::greater<float>{});
   return *nth;
 }
 

@@ -27,7 +27,7 @@ struct quantized_scan {
   static constexpr std::string_view name = "quantized_scan";
   // Re-rank only the admitted tokens among the ceil(rerank_factor * k) best by estimate;
   // 0 re-ranks every token the bounds admit (then the exact top k is always found).
-  double rerank_factor = 2.0;
+  double rerank_factor = 1.25;
 
   using index = quantized_keys;
 
