@@ -11,7 +11,10 @@
 //               is worth, a bound no value summary can beat.
 // Value sums of the left-out tokens are exact here (a real index would keep page sums
 // and subtract what the exact part read). Errors are p90 per attention-entropy bucket.
-// usage: scan-completion-probe DUMP_DIR [budget ...]     docs/methods/retrieval-completion.md
+// With --norms it prints instead, per (layer, KV head), the mean scaled squared norms
+// that set the variance of positive random features: s|k|^2, s|k - c|^2 (c: the key
+// mean) and s|q|^2.
+// usage: scan-completion-probe DUMP_DIR [budget ... | --norms]     docs/methods/retrieval-completion.md
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -111,12 +114,43 @@ void probe(const KV& kv, const query_group& q, const selector& sel, const select
     out.push_back(s);
   }
 }
+// Mean s|k|^2, s|k - c|^2 and s|q|^2 of one KV head.
+template <KvView KV>
+void print_norms(const std::string& layer, index_t head, const KV& kv, const io::kv_dump& dump) {
+  std::vector<double> mean(kv.d(), 0.0);
+  for (index_t i = 0; i < kv.n(); ++i)
+    for (index_t t = 0; t < kv.d(); ++t) mean[t] += to_float(kv.key_row(i)[t]) / static_cast<double>(kv.n());
+  double raw = 0, centred = 0, query = 0;
+  for (index_t i = 0; i < kv.n(); ++i)
+    for (index_t t = 0; t < kv.d(); ++t) {
+      const double x = to_float(kv.key_row(i)[t]);
+      raw += x * x / static_cast<double>(kv.n());
+      centred += (x - mean[t]) * (x - mean[t]) / static_cast<double>(kv.n());
+    }
+  for (index_t t = 0; t < dump.steps; ++t) {
+    const query_group q = dump.queries_of(head, t);
+    for (index_t h = 0; h < q.heads; ++h)
+      for (index_t x = 0; x < q.d; ++x)
+        query += static_cast<double>(q.row(h)[x]) * q.row(h)[x] / static_cast<double>(dump.steps * q.heads);
+  }
+  const double s = dump.scale;
+  std::printf("%-10s kv head %zu   s|k|^2 %6.1f   s|k-c|^2 %6.1f   s|q|^2 %6.1f\n", layer.c_str(), head, s * raw,
+              s * centred, s * query);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: scan-completion-probe DUMP_DIR [budget ...]\n");
     return 2;
+  }
+  if (argc == 3 && std::string(argv[2]) == "--norms") {
+    for (const auto& dir : io::kv_dump_layers(argv[1])) {
+      const io::kv_dump dump = io::load_kv_dump(dir);
+      for (index_t h = 0; h < dump.kv_heads; ++h)
+        dump.visit_head(h, [&](const auto& kv) { print_norms(dir.filename().string(), h, kv, dump); });
+    }
+    return 0;
   }
   std::vector<double> budgets;
   for (int a = 2; a < argc; ++a) budgets.push_back(std::atof(argv[a]));
