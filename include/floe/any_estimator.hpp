@@ -32,7 +32,7 @@ class any_estimator {
 
    private:
     friend class any_estimator;
-    std::shared_ptr<const void> impl_;
+    std::shared_ptr<void> impl_;  // the held estimator and its state; append() updates it
     const void* owner_ = nullptr;
     std::uint64_t bytes_ = 0;
   };
@@ -61,6 +61,15 @@ class any_estimator {
     return model_->build(any_kv_view(&kv));
   }
 
+  // estimator<S, R>::append for the state's estimator: call it as the cache grows.
+  template <KvView KV>
+  void append(state& st, const KV& kv) const {
+    require(model_ != nullptr, "estimator", "empty any_estimator (default-constructed)");
+    require(st.impl_ != nullptr && st.owner_ == model_.get(), "state",
+            "was not built by this estimator (", name_, ")");
+    model_->append(st, any_kv_view(&kv));
+  }
+
   // estimator<S, R>::decode for the state's estimator; output rows are float.
   template <KvView KV>
   void decode(const state& st, const KV& kv, const query_group& q, const E& exec, const output_group<float>& out,
@@ -77,6 +86,7 @@ class any_estimator {
     virtual state build(any_kv_view kv) const = 0;
     virtual void decode(const state& st, any_kv_view kv, const query_group& q, const E& exec,
                         const output_group<float>& out, stats& io) const = 0;
+    virtual void append(state& st, any_kv_view kv) const = 0;
   };
 
   template <class Make>
@@ -97,7 +107,7 @@ class any_estimator {
             auto s = e.build(*view);
             state out;
             out.bytes_ = s.bytes();
-            out.impl_ = std::make_shared<const held>(held{std::move(e), std::move(s)});
+            out.impl_ = std::make_shared<held>(held{std::move(e), std::move(s)});
             out.owner_ = this;
             return out;
           },
@@ -108,6 +118,14 @@ class any_estimator {
                 stats& io) const override {
       const held& h = *static_cast<const held*>(st.impl_.get());
       std::visit([&](const auto* view) { h.estimator.decode(h.state, *view, q, exec, out, io); }, kv);
+    }
+
+    void append(state& st, any_kv_view kv) const override {
+      // A copied state shares its index: copy-on-append keeps the other copy unchanged.
+      if (st.impl_.use_count() > 1) st.impl_ = std::make_shared<held>(*static_cast<const held*>(st.impl_.get()));
+      held& h = *static_cast<held*>(st.impl_.get());
+      std::visit([&](const auto* view) { h.estimator.append(h.state, *view); }, kv);
+      st.bytes_ = h.state.bytes();
     }
   };
 

@@ -47,6 +47,15 @@ class estimator {
     return st;
   }
 
+  // Brings the state up to a cache that grew during decoding (kv is the whole cache, its
+  // first tokens unchanged): each index that keeps per-token summaries appends the new
+  // tokens; indices without append() have nothing to update.
+  template <KvView KV>
+  void append(state& st, const KV& kv) const {
+    if constexpr (requires { st.selector_index.append(kv); }) st.selector_index.append(kv);
+    if constexpr (requires { st.residual_index.append(kv); }) st.residual_index.append(kv);
+  }
+
   // One decode step for one GQA group: g query heads against one KV head. Every argument
   // is checked before the output is written; reads are added to `io`.
   template <KvView KV, Executor E, class Out>
