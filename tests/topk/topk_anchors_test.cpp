@@ -318,3 +318,36 @@ TEST_CASE("topk_anchors refuses bad input naming the argument", "[topk][bad_inpu
           }) == "query");
   REQUIRE(std::all_of(o.begin(), o.end(), [](double x) { return x == -7.0; }));
 }
+
+TEST_CASE("estimator::append keeps topk_anchors and feature_map decoding as the cache grows", "[topk][append]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(17);
+  const index_t n0 = 600, n1 = 680, d = 32, dv = 16;
+  floe::testing::random_kv<floe::half> data(g, n1, d, dv);
+  auto view = [&](index_t n) { return floe::kv_view<floe::half>(data.keys.data(), data.values.data(), n, d, dv); };
+  const auto qd = floe::testing::random_floats(g, 2 * d, 1.f);
+  const auto q = floe::query_group::make(qd.data(), 2, d);
+  const auto sel = topk_anchors<quantized_scan>::with_budget(60);
+  floe::estimator<topk_anchors<quantized_scan>, floe::residual::none> only(sel, {});
+  floe::estimator<topk_anchors<quantized_scan>, floe::residual::feature_map<>> completed(sel, {});
+  auto s1 = only.build(view(n0));
+  auto s2 = completed.build(view(n0));
+  const auto stale = completed.build(view(n0));
+  floe::stats io;
+  for (index_t n = n0 + 1; n <= n1; ++n) {  // one decoded token per step
+    only.append(s1, view(n));
+    completed.append(s2, view(n));
+    const auto out = floe::testing::decode_output(completed, s2, view(n), q, io);
+    for (double x : out) REQUIRE(std::isfinite(x));
+  }
+  // Selection only: the grown state decodes exactly as a fresh one.
+  REQUIRE(floe::testing::decode_output(only, s1, view(n1), q, io) ==
+          floe::testing::decode_output(only, only.build(view(n1)), view(n1), q, io));
+  // Without append, tokens that left the window are in neither the exact set nor the summary.
+  try {
+    (void)floe::testing::decode_output(completed, stale, view(n1), q, io);
+    FAIL("no error");
+  } catch (const floe::invalid_argument& e) {
+    REQUIRE(e.argument() == "index");
+  }
+}
