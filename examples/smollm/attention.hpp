@@ -79,8 +79,10 @@ class estimator_attention final : public decode_attention {
     for (int g = 0; g < c.n_head_kv; ++g) {
       const auto qg = floe::query_group::make(q.row(0).data() + g * group * hd, group, hd);
       const floe::output_group<float> og{out.row(0).data() + g * group * hd, group, hd, 0};
-      const auto& st = states_[static_cast<std::size_t>(layer * c.n_head_kv + g)];
-      est_.decode(st, view(cache, layer, g, pos + 1), qg, exec_, og, io);
+      auto& st = states_[static_cast<std::size_t>(layer * c.n_head_kv + g)];
+      const auto kv = view(cache, layer, g, pos + 1);
+      est_.append(st, kv);  // the cache grew by the tokens decoded so far
+      est_.decode(st, kv, qg, exec_, og, io);
     }
   }
 
