@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <span>
 #include <string_view>
@@ -230,14 +231,22 @@ class simd {
     std::vector<group_state> states;
     states.reserve(tasks.size());
     for (const task& t : tasks) states.emplace_back(g, plans[t.group].kv->dv());
-    opt_.parallel_for(tasks.size(), [&](index_t i) {
-      const group_plan& p = plans[tasks[i].group];
-      fold(*p.kv, group_args_of(*p.kv, p.q), tasks[i].ranges, states[i]);
-    });
-    opt_.parallel_for(groups, [&](index_t gi) {
+    // The last task of a group to finish merges its pieces in order and writes the rows.
+    auto finish = [&](index_t gi) {
       partial_set<float> merged(g, plans[gi].kv->dv());
       for (index_t i = first_task[gi]; i < first_task[gi + 1]; ++i) states[i].merge_into(merged);
       merged.finalize(plans[gi].out);
+    };
+    std::vector<std::atomic<index_t>> pending(groups);
+    for (index_t gi = 0; gi < groups; ++gi) {
+      pending[gi].store(first_task[gi + 1] - first_task[gi], std::memory_order_relaxed);
+      if (first_task[gi + 1] == first_task[gi]) finish(gi);  // nothing to read: zeros
+    }
+    opt_.parallel_for(tasks.size(), [&](index_t i) {
+      const index_t gi = tasks[i].group;
+      const group_plan& p = plans[gi];
+      fold(*p.kv, group_args_of(*p.kv, p.q), tasks[i].ranges, states[i]);
+      if (pending[gi].fetch_sub(1, std::memory_order_acq_rel) == 1) finish(gi);
     });
   }
 
