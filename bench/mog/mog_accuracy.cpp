@@ -5,10 +5,12 @@
 //   floe-mog-accuracy [--synthetic N | --data DIR] [--dtype f16] [--kv-heads H]
 //                     [--budgets 0.01,0.02,0.03,0.05] [--threads 2] [--window W]
 //                     [--refine R] [--clusters C] [--subclusters S] [--outliers F]
-//                     [--query-metric] [--append A]
+//                     [--query-metric] [--append A] [--join-sigma S] [--split-factor F]
+//                     [--maximin]
 // --query-metric builds the k-means metric from the queries of the second half of the
 // decode steps and reports errors on the first half only. --append A builds on the first
 // n - A tokens, appends the last A (index append) and also reports a fresh build on all n.
+// --maximin lets the GQA heads take turns (greedy maximin of covered mass) instead of ranking by the largest share of any head.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -55,7 +57,7 @@ std::vector<double> parse_list(const std::string& s) {
 
 options parse(int argc, char** argv) {
   options o;
-  o.selector.config.window = 256;
+  o.selector.config.window = 64;  // as mog_clusters::with_budget for budgets of 1024 tokens or more
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -76,6 +78,9 @@ options parse(int argc, char** argv) {
     else if (a == "--query-metric") o.query_metric = true;
     else if (a == "--key-metric") o.key_metric = true;
     else if (a == "--append") o.append = std::stoul(next());
+    else if (a == "--maximin") o.selector.maximin = true;
+    else if (a == "--join-sigma") o.selector.config.join_sigma = std::stod(next());
+    else if (a == "--split-factor") o.selector.config.split_factor = std::stod(next());
     else if (a == "--ridge") o.selector.config.query_metric_ridge = std::stod(next());
     else throw invalid_argument(a.c_str(), "unknown option");
   }

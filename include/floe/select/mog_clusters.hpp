@@ -39,6 +39,7 @@ struct mog_clusters {
   budget limit = budget::fraction(0.05);
   double refine = 2.0;    // refined clusters hold about this many times the exact-token budget
   double optimism = 1.0;  // priorities use this multiple of the score variance (1: the plain estimate)
+  bool maximin = false;   // GQA: rank groups by the largest estimated share of any head; true: heads take turns (maximin)
 
   // The default configuration for a budget on a cache of n tokens: 4 sinks and a recent
   // window of 64 exact tokens, each shrunk so that together they use at most a quarter of it.
@@ -87,7 +88,7 @@ struct mog_clusters {
     index_t candidates = 0, refined_tokens = 0, refined_clusters = 0;
     const double target = refine * static_cast<double>(left);
     std::vector<double> covered(heads, 0.0);
-    cl.take_maximin(
+    cl.take_greedy(
         covered, [&] { return left == 0 || static_cast<double>(refined_tokens) >= target ||
                               (by_mass && refined_tokens >= limit.floor && min_of(covered) >= limit.value); },
         [&](index_t) { return true; },
@@ -96,7 +97,8 @@ struct mog_clusters {
           ++refined_clusters;
           refined_tokens += idx.count(c);
           candidates += idx.first_subcluster(c + 1) - idx.first_subcluster(c);
-        });
+        },
+        maximin);
 
     // Subclusters of refined clusters, normalised against the refined partition.
     std::vector<std::uint32_t> cand;
@@ -113,7 +115,7 @@ struct mog_clusters {
     std::vector<char> chosen(candidates, 0);
     std::fill(covered.begin(), covered.end(), 0.0);
     index_t taken = 0, chosen_count = 0;
-    sub.take_maximin(
+    sub.take_greedy(
         covered, [&] { return left == 0 || (by_mass && taken >= limit.floor && min_of(covered) >= limit.value); },
         [&](index_t j) { return idx.count(clusters + cand[j]) <= left; },
         [&](index_t j) {
@@ -122,7 +124,8 @@ struct mog_clusters {
           ++chosen_count;
           left -= size;
           taken += size;
-        });
+        },
+        maximin);
 
     // Exact set: sinks, members of chosen subclusters in increasing position, the tail.
     std::vector<std::uint64_t> marks((tail_begin + 63) / 64, 0);
@@ -166,18 +169,22 @@ struct mog_clusters {
       for (index_t h = 0; h < covered.size(); ++h)
         covered[h] += std::exp(static_cast<double>(log_mass(r, h) - log_z[static_cast<Eigen::Index>(h)]));
     }
-    // Greedy maximin over heads: the head with the least estimated covered share takes its
-    // best remaining row (by priority) that fits, until done(). One head reduces to plain
-    // greedy by priority; several heads share one budget without one head starving.
+    // Takes rows that fit until done(). Default: one order for all heads, by the largest
+    // estimated share of any head. With maximin, the head with the least estimated covered
+    // share takes its best remaining row, so that no head starves (docs/methods/mog.md
+    // measures both). One head: plain greedy by priority either way.
     template <class Done, class Fits, class Take>
-    void take_maximin(std::vector<double>& covered, Done done, Fits fits, Take take) const {
-      const auto rows = static_cast<index_t>(pri.rows()), heads = covered.size();
+    void take_greedy(std::vector<double>& covered, Done done, Fits fits, Take take, bool maximin = true) const {
+      const auto rows = static_cast<index_t>(pri.rows()), heads = maximin ? covered.size() : 1;
       // One max-heap of rows per head: only the rows actually taken are ever ordered.
       std::vector<std::vector<std::pair<float, index_t>>> heap(heads);
       for (index_t h = 0; h < heads; ++h) {
         heap[h].resize(rows);
-        for (index_t r = 0; r < rows; ++r)
-          heap[h][r] = {pri(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(h)), rows - r};  // ties: lower row first
+        for (index_t r = 0; r < rows; ++r) {
+          const float key = maximin ? pri(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(h))
+                                    : (pri.row(static_cast<Eigen::Index>(r)) - log_z).maxCoeff();
+          heap[h][r] = {key, rows - r};  // ties: lower row first
+        }
         std::make_heap(heap[h].begin(), heap[h].end());
       }
       std::vector<char> used(rows, 0);
