@@ -5,6 +5,8 @@
 // nothing here may be a non-template inline function (docs/simd-executor.md, "ODR").
 #pragma once
 
+#include <cstdint>
+
 #include "floe/exec/simd/kernel_api.hpp"
 
 namespace floe::simd_detail {
@@ -47,10 +49,10 @@ class row_cursor {
 template <class L, class T>
 void prefetch_rows(const T* const* rows, index_t count, index_t row_elements) {
   const index_t bytes = row_elements * sizeof(T);
-  for (index_t i = 0; i < count; ++i) {
-    const char* p = reinterpret_cast<const char*>(rows[i]);
-    for (index_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
-    __builtin_prefetch(p + bytes - 1, 0, 2);
+  for (index_t i = 0; i < count; ++i) {  // every line the row touches, once
+    const auto first = reinterpret_cast<std::uintptr_t>(rows[i]);
+    for (std::uintptr_t line = first & ~std::uintptr_t{63}; line < first + bytes; line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
   }
 }
 
