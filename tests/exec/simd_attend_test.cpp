@@ -206,3 +206,35 @@ TEST_CASE("simd attend and score read any KvView even one without for_each_run",
   for (index_t i = 0; i < 500; ++i) worst = std::max(worst, std::abs(double(z_got[i]) - z_want[i]));
   CHECK(worst <= 1e-4);  // scores of magnitude ~1-3 in fp32
 }
+
+TEST_CASE("simd attend over a sorted index list equals attend over its ranges", "[exec][simd]") {
+  INFO("seed " << ft::seed());
+  const auto arch = GENERATE(from_range(ft::runnable_archs()));
+  auto g = ft::rng(41);
+  ft::random_kv<floe::bfloat16> kv(g, 900, 128, 128, 0, 16);
+  const auto queries = ft::random_floats(g, 8 * 128);
+  const auto q = floe::query_group::make(queries.data(), 8, 128);
+  std::vector<index_t> tokens;
+  for (index_t i = 0; i < 900; ++i)
+    if (g() % 3 == 0) tokens.push_back(i);  // singles and runs of consecutive indices
+  std::vector<token_range> ranges;
+  for (index_t t : tokens) ranges.push_back({t, t + 1});
+  const floe::exec::simd simd({arch});
+  floe::partial_set<double> want(8, 128);
+  floe::partial_set<float> got(8, 128);
+  floe::exec::scalar{}.attend(kv.paged_view(), q, ranges, want);
+  simd.attend(kv.paged_view(), q, std::span<const index_t>(tokens), got);
+  INFO("arch " << floe::simd_arch_name(arch) << " tokens " << tokens.size());
+  CHECK(ft::max_relative_error(got, want) <= 1e-5);
+  auto argument_of = [&](std::vector<index_t> bad) -> std::string {
+    try {
+      simd.attend(kv.paged_view(), q, std::span<const index_t>(bad), got);
+    } catch (const floe::invalid_argument& e) {
+      return e.argument();
+    }
+    return "(no error)";
+  };
+  CHECK(argument_of({3, 3}) == "tokens");
+  CHECK(argument_of({5, 4}) == "tokens");
+  CHECK(argument_of({0, 900}) == "tokens");
+}

@@ -91,6 +91,20 @@ class simd {
     for (const auto& st : states) st.merge_into(out);
   }
 
+  // The same over a sorted list of distinct token indices (a gathered selection); runs of
+  // consecutive indices are read as ranges.
+  template <KvView KV>
+  void attend(const KV& kv, const query_group& q, std::span<const index_t> tokens, partial_set<float>& out) const {
+    selection sel;
+    for (index_t i = 0; i < tokens.size(); ++i) {
+      require(tokens[i] < kv.n(), "tokens", "index ", tokens[i], " at position ", i, " is past n = ", kv.n());
+      require(i == 0 || tokens[i] > tokens[i - 1], "tokens", "index ", tokens[i], " at position ", i,
+              " does not follow ", tokens[i - 1], " (indices must be sorted and distinct)");
+      sel.add(tokens[i], tokens[i] + 1);
+    }
+    attend(kv, q, std::span<const token_range>(sel.ranges), out);
+  }
+
   // Dense decode of a batch: every query head of every sequence attends to all its
   // tokens; work runs over (sequence, KV head, split). Validates everything first.
   template <KvView KV>
