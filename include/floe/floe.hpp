@@ -15,6 +15,8 @@
 #include "floe/any_estimator.hpp"
 #include "floe/estimator.hpp"
 #include "floe/exec/scalar.hpp"
+#include "floe/exec/simd.hpp"
+#include "floe/exec/thread_pool.hpp"
 #include "floe/index/mog_index.hpp"
 #include "floe/residual/gaussian_moments.hpp"
 #include "floe/residual/none.hpp"
