@@ -42,17 +42,16 @@ class row_cursor {
   index_t run_ = 0, offset_ = 0;
 };
 
-// Asks for the cache lines of `rows` into L2: the rows of the next tile, one tile ahead.
-// From DRAM this beats the hardware prefetcher alone by 20-55% (docs/benchmarks.md), and
-// it covers page and range boundaries (paged and gathered KV) where that prefetcher stops.
+// Asks for the cache lines of bytes [begin, end) of `row` into L2. The kernels call it
+// for the rows of the next tile as they go, keys while scoring and each value pass's
+// columns while folding values, so that requests are spread over the whole tile instead
+// of bunched in one phase (docs/benchmarks.md: 20-55% over the hardware prefetcher, and
+// 10% more from spreading them). It also covers page and range boundaries.
 template <class L, class T>
-void prefetch_rows(const T* const* rows, index_t count, index_t row_elements) {
-  const index_t bytes = row_elements * sizeof(T);
-  for (index_t i = 0; i < count; ++i) {  // every line the row touches, once
-    const auto first = reinterpret_cast<std::uintptr_t>(rows[i]);
-    for (std::uintptr_t line = first & ~std::uintptr_t{63}; line < first + bytes; line += 64)
-      __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
-  }
+inline __attribute__((always_inline)) void prefetch_bytes(const T* row, index_t begin, index_t end) {
+  const auto base = reinterpret_cast<std::uintptr_t>(row);
+  for (std::uintptr_t line = (base + begin) & ~std::uintptr_t{63}; line < base + end; line += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
 }
 
 // Largest power of two <= limit, at least 1.
@@ -86,11 +85,8 @@ void score_block(const group_args& g, index_t h0, const T* const* keys, index_t 
   for (index_t t0 = 0; t0 < n; t0 += W) {
     const index_t count = n - t0 < W ? n - t0 : W;
     for (index_t u = 0; u < W; u += U) {
-      if (t0 + u < prefetch.count) {  // the next tile's rows, U at a time, spread over this one
-        const index_t m = prefetch.count - t0 - u < U ? prefetch.count - t0 - u : U;
-        prefetch_rows<L>(prefetch.keys + t0 + u, m, g.d);
-        prefetch_rows<L>(prefetch.values + t0 + u, m, g.dv);
-      }
+      for (index_t i = t0 + u; i < t0 + u + U && i < prefetch.count; ++i)  // the next tile's keys
+        prefetch_bytes<L>(prefetch.keys[i], 0, g.d * index_t{sizeof(T)});
       const T* k[U];  // rows past the end repeat the last one; their lanes are dropped
       for (index_t i = 0; i < U; ++i) k[i] = keys[t0 + (u + i < count ? u + i : count - 1)];
       vec acc[U][G];
@@ -160,15 +156,17 @@ void softmax_step(index_t heads, index_t n, float* z, float* alpha, float* m, fl
 
 // One pass of value_block over C chunks of W elements from e: C * G accumulators, each a
 // chain of n FMAs, and each value chunk loaded once for all G heads.
+// Meanwhile it prefetches bytes [pf_begin, pf_end) of the next tile's value rows.
 template <class L, class T, index_t G, index_t C>
 void value_pass(const T* const* values, index_t n, const float* const* w, const float* alpha, float* const* a,
-                index_t e) {
+                index_t e, const row_run<const T*>& prefetch, index_t pf_begin, index_t pf_end) {
   using vec = typename L::vec;
   constexpr index_t W = L::width;
   vec acc[C][G];
   for (index_t c = 0; c < C; ++c)
     for (index_t j = 0; j < G; ++j) acc[c][j] = L::zero();
   for (index_t t = 0; t < n; ++t) {
+    if (t < prefetch.count) prefetch_bytes<L>(prefetch.values[t], pf_begin, pf_end);
     vec v[C];
     for (index_t c = 0; c < C; ++c) v[c] = L::load(values[t] + e + c * W);
     for (index_t j = 0; j < G; ++j) {
@@ -185,19 +183,23 @@ void value_pass(const T* const* values, index_t n, const float* const* w, const 
   }
 }
 
-// Passes of C chunks while they fit, then halves C.
+// Passes of C chunks while they fit, then halves C. The pass that ends at `full` also
+// prefetches the rest of the row (to dv).
 template <class L, class T, index_t G, index_t C>
 void value_passes(const T* const* values, index_t n, const float* const* w, const float* alpha, float* const* a,
-                  index_t full, index_t& e) {
-  for (; e + C * L::width <= full; e += C * L::width) value_pass<L, T, G, C>(values, n, w, alpha, a, e);
-  if constexpr (C > 1) value_passes<L, T, G, C / 2>(values, n, w, alpha, a, full, e);
+                  index_t full, index_t dv, index_t& e, const row_run<const T*>& prefetch) {
+  for (; e + C * L::width <= full; e += C * L::width) {
+    const index_t end = e + C * L::width == full ? dv : e + C * L::width;
+    value_pass<L, T, G, C>(values, n, w, alpha, a, e, prefetch, e * index_t{sizeof(T)}, end * index_t{sizeof(T)});
+  }
+  if constexpr (C > 1) value_passes<L, T, G, C / 2>(values, n, w, alpha, a, full, dv, e, prefetch);
 }
 
 // a_h = a_h * alpha_h + sum_t w_{h,t} v_t for the G heads from h0. The tile's sum starts
 // from zero (short sums keep fp32 accumulation accurate over long contexts).
 template <class L, class T, index_t G>
 void value_block(const group_args& g, index_t h0, const T* const* values, index_t n, const float* weights,
-                 const float* alpha, float* a) {
+                 const float* alpha, float* a, const row_run<const T*>& prefetch) {
   constexpr index_t C = pow2_at_most(L::accumulators / G < L::max_chunks ? L::accumulators / G : L::max_chunks);
   const index_t full = g.dv / L::width * L::width;
   const float* w[G];
@@ -207,7 +209,9 @@ void value_block(const group_args& g, index_t h0, const T* const* values, index_
     out[j] = a + (h0 + j) * g.dv;
   }
   index_t e = 0;
-  value_passes<L, T, G, C>(values, n, w, alpha + h0, out, full, e);
+  if (full == 0)  // dv < one vector: no pass runs, so prefetch the rows here
+    for (index_t t = 0; t < prefetch.count; ++t) prefetch_bytes<L>(prefetch.values[t], 0, g.dv * index_t{sizeof(T)});
+  value_passes<L, T, G, C>(values, n, w, alpha + h0, out, full, g.dv, e, prefetch);
   for (; e < g.dv; ++e) {
     for (index_t j = 0; j < G; ++j) {
       float s = 0.f;
@@ -251,8 +255,9 @@ void attend_runs(const group_args& g, const row_run<T>* runs, index_t run_count,
       score_block<L, T, G>(g, h0, keys[cur], n, z + h0 * tile_tokens, tile_tokens, true, h0 == 0 ? next : none);
     });
     softmax_step<L>(g.heads, n, z, alpha, st.m, st.l);
-    for_head_blocks(g.heads,
-                    [&]<index_t G>(index_t h0) { value_block<L, T, G>(g, h0, values[cur], n, z, alpha, st.a); });
+    for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
+      value_block<L, T, G>(g, h0, values[cur], n, z, alpha, st.a, h0 == 0 ? next : none);
+    });
     cur ^= 1;
     n = next_n;
   }
