@@ -73,6 +73,19 @@ TEMPLATE_TEST_CASE("simd attend handles strides and dv != d and odd g and paged 
   CHECK(attend_error<TestType>(arch, {n, 7, 5, heads, pad, block}, block + pad * 7 + heads * 31 + n + 1) <= 1e-5);
 }
 
+TEST_CASE("simd attend reads bf16 in even/odd pairs when d and dv allow it, in order otherwise", "[exec][simd]") {
+  INFO("seed " << ft::seed());
+  // Paired needs d and dv multiples of 2 vectors (32 elements on avx512, 16 on avx2): these
+  // shapes take the paired path on one architecture or both, with query and row strides.
+  const auto arch = GENERATE(from_range(ft::runnable_archs()));
+  const index_t pad = GENERATE(0, 5);
+  const index_t heads = GENERATE(1, 5, 8);
+  INFO("arch " << floe::simd_arch_name(arch) << " pad " << pad << " g " << heads);
+  CHECK(attend_error<floe::bfloat16>(arch, {777, 96, 64, heads, pad}, 11 + pad + heads) <= 1e-5);
+  CHECK(attend_error<floe::bfloat16>(arch, {777, 64, 48, heads, pad, 16}, 12 + pad + heads) <= 1e-5);
+  CHECK(attend_error<floe::bfloat16>(arch, {777, 32, 32, heads, pad}, 13 + pad + heads) <= 1e-5);
+}
+
 TEST_CASE("simd attend over a long context (N = 100003) stays within 1e-5", "[exec][simd]") {
   INFO("seed " << ft::seed());
   // One long case per architecture, the element type rotating, contiguous or paged.

@@ -80,13 +80,13 @@ class simd {
     const auto args = group_args_of(kv, q);
     const index_t parts = split_count(tokens, 1);
     if (parts == 1) {
-      group_state st(q.heads, kv.dv());
+      group_state st(q.heads, kv.d(), kv.dv());
       fold(kv, args, ranges, st);
       st.merge_into(out);
       return;
     }
     const auto pieces = simd_detail::split_ranges(ranges, tokens, parts);
-    std::vector<group_state> states(parts, group_state(q.heads, kv.dv()));
+    std::vector<group_state> states(parts, group_state(q.heads, kv.d(), kv.dv()));
     opt_.parallel_for(parts, [&](index_t p) { fold(kv, args, pieces[p], states[p]); });
     for (const auto& st : states) st.merge_into(out);
   }
@@ -127,8 +127,8 @@ class simd {
   // Online-softmax state (m, l, a) of one group or split, plus the kernel's scratch.
   class group_state {
    public:
-    group_state(index_t heads, index_t dv)
-        : heads_(heads), dv_(dv), data_(heads * (2 + dv + simd_detail::scratch_per_head), 0.f) {
+    group_state(index_t heads, index_t d, index_t dv)
+        : heads_(heads), dv_(dv), data_(heads * (2 + dv + simd_detail::scratch_per_head + d), 0.f) {
       std::fill_n(data_.begin(), heads, -std::numeric_limits<float>::infinity());
     }
     simd_detail::online_state view() {
@@ -244,7 +244,7 @@ class simd {
     first_task[groups] = tasks.size();
     std::vector<group_state> states;
     states.reserve(tasks.size());
-    for (const task& t : tasks) states.emplace_back(g, plans[t.group].kv->dv());
+    for (const task& t : tasks) states.emplace_back(g, plans[t.group].kv->d(), plans[t.group].kv->dv());
     // The last task of a group to finish merges its pieces in order and writes the rows.
     auto finish = [&](index_t gi) {
       partial_set<float> merged(g, plans[gi].kv->dv());

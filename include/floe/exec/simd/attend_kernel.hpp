@@ -66,7 +66,9 @@ consteval index_t pow2_at_most(index_t limit) {
 // chunk is loaded once for U tokens; each key chunk is loaded once for all G heads. The W
 // per-token dot vectors of a step are then summed lane-wise at once. With z_padded, each
 // z row has room up to the next multiple of W, and the lanes past n are garbage.
-template <class L, class T, index_t G>
+// Paired (bf16, d a multiple of 2W): keys are read 2W at a time as even and odd elements
+// (L::load_pair), and g.q holds each 2W-block of the query in that order too.
+template <class L, class T, index_t G, bool Paired = false>
 void score_block(const group_args& g, index_t h0, const T* const* keys, index_t n, float* z, index_t z_stride,
                  bool z_padded, const row_run<const T*>& prefetch) {
   using vec = typename L::vec;
@@ -92,12 +94,27 @@ void score_block(const group_args& g, index_t h0, const T* const* keys, index_t 
       vec acc[U][G];
       for (index_t i = 0; i < U; ++i)
         for (index_t j = 0; j < G; ++j) acc[i][j] = L::zero();
-      for (index_t e = 0; e < full; e += W) {
-        vec kv[U];
-        for (index_t i = 0; i < U; ++i) kv[i] = L::load(k[i] + e);
-        for (index_t j = 0; j < G; ++j) {
-          const vec qv = L::load(q[j] + e);
-          for (index_t i = 0; i < U; ++i) acc[i][j] = L::fma(qv, kv[i], acc[i][j]);
+      if constexpr (Paired) {
+        for (index_t e = 0; e < full; e += 2 * W) {
+          vec even[U], odd[U];
+          for (index_t i = 0; i < U; ++i) L::load_pair(k[i] + e, even[i], odd[i]);
+          for (index_t j = 0; j < G; ++j) {
+            const vec qv = L::load(q[j] + e);
+            for (index_t i = 0; i < U; ++i) acc[i][j] = L::fma(qv, even[i], acc[i][j]);
+          }
+          for (index_t j = 0; j < G; ++j) {
+            const vec qv = L::load(q[j] + e + W);
+            for (index_t i = 0; i < U; ++i) acc[i][j] = L::fma(qv, odd[i], acc[i][j]);
+          }
+        }
+      } else {
+        for (index_t e = 0; e < full; e += W) {
+          vec kv[U];
+          for (index_t i = 0; i < U; ++i) kv[i] = L::load(k[i] + e);
+          for (index_t j = 0; j < G; ++j) {
+            const vec qv = L::load(q[j] + e);
+            for (index_t i = 0; i < U; ++i) acc[i][j] = L::fma(qv, kv[i], acc[i][j]);
+          }
         }
       }
       for (index_t i = 0; i < U; ++i)
@@ -156,8 +173,10 @@ void softmax_step(index_t heads, index_t n, float* z, float* alpha, float* m, fl
 
 // One pass of value_block over C chunks of W elements from e: C * G accumulators, each a
 // chain of n FMAs, and each value chunk loaded once for all G heads.
-// Meanwhile it prefetches bytes [pf_begin, pf_end) of the next tile's value rows.
-template <class L, class T, index_t G, index_t C>
+// Meanwhile it prefetches bytes [pf_begin, pf_end) of the next tile's value rows. Paired
+// (and C even, e a multiple of 2W): chunk pairs are read as even and odd elements and the
+// sums put back in order once at the end.
+template <class L, class T, index_t G, index_t C, bool Paired>
 void value_pass(const T* const* values, index_t n, const float* const* w, const float* alpha, float* const* a,
                 index_t e, const row_run<const T*>& prefetch, index_t pf_begin, index_t pf_end) {
   using vec = typename L::vec;
@@ -168,12 +187,18 @@ void value_pass(const T* const* values, index_t n, const float* const* w, const 
   for (index_t t = 0; t < n; ++t) {
     if (t < prefetch.count) prefetch_bytes<L>(prefetch.values[t], pf_begin, pf_end);
     vec v[C];
-    for (index_t c = 0; c < C; ++c) v[c] = L::load(values[t] + e + c * W);
+    if constexpr (Paired && C % 2 == 0)
+      for (index_t c = 0; c < C; c += 2) L::load_pair(values[t] + e + c * W, v[c], v[c + 1]);
+    else
+      for (index_t c = 0; c < C; ++c) v[c] = L::load(values[t] + e + c * W);
     for (index_t j = 0; j < G; ++j) {
       const vec wj = L::splat(w[j][t]);
       for (index_t c = 0; c < C; ++c) acc[c][j] = L::fma(wj, v[c], acc[c][j]);
     }
   }
+  if constexpr (Paired && C % 2 == 0)
+    for (index_t c = 0; c < C; c += 2)
+      for (index_t j = 0; j < G; ++j) L::unpair(acc[c][j], acc[c + 1][j]);
   for (index_t j = 0; j < G; ++j) {
     const vec scale = L::splat(alpha[j]);
     for (index_t c = 0; c < C; ++c) {
@@ -185,19 +210,20 @@ void value_pass(const T* const* values, index_t n, const float* const* w, const 
 
 // Passes of C chunks while they fit, then halves C. The pass that ends at `full` also
 // prefetches the rest of the row (to dv).
-template <class L, class T, index_t G, index_t C>
+template <class L, class T, index_t G, index_t C, bool Paired>
 void value_passes(const T* const* values, index_t n, const float* const* w, const float* alpha, float* const* a,
                   index_t full, index_t dv, index_t& e, const row_run<const T*>& prefetch) {
   for (; e + C * L::width <= full; e += C * L::width) {
     const index_t end = e + C * L::width == full ? dv : e + C * L::width;
-    value_pass<L, T, G, C>(values, n, w, alpha, a, e, prefetch, e * index_t{sizeof(T)}, end * index_t{sizeof(T)});
+    value_pass<L, T, G, C, Paired>(values, n, w, alpha, a, e, prefetch, e * index_t{sizeof(T)},
+                                   end * index_t{sizeof(T)});
   }
-  if constexpr (C > 1) value_passes<L, T, G, C / 2>(values, n, w, alpha, a, full, dv, e, prefetch);
+  if constexpr (C > 1) value_passes<L, T, G, C / 2, Paired>(values, n, w, alpha, a, full, dv, e, prefetch);
 }
 
 // a_h = a_h * alpha_h + sum_t w_{h,t} v_t for the G heads from h0. The tile's sum starts
 // from zero (short sums keep fp32 accumulation accurate over long contexts).
-template <class L, class T, index_t G>
+template <class L, class T, index_t G, bool Paired>
 void value_block(const group_args& g, index_t h0, const T* const* values, index_t n, const float* weights,
                  const float* alpha, float* a, const row_run<const T*>& prefetch) {
   constexpr index_t C = pow2_at_most(L::accumulators / G < L::max_chunks ? L::accumulators / G : L::max_chunks);
@@ -211,7 +237,7 @@ void value_block(const group_args& g, index_t h0, const T* const* values, index_
   index_t e = 0;
   if (full == 0)  // dv < one vector: no pass runs, so prefetch the rows here
     for (index_t t = 0; t < prefetch.count; ++t) prefetch_bytes<L>(prefetch.values[t], 0, g.dv * index_t{sizeof(T)});
-  value_passes<L, T, G, C>(values, n, w, alpha + h0, out, full, g.dv, e, prefetch);
+  value_passes<L, T, G, C, Paired>(values, n, w, alpha + h0, out, full, g.dv, e, prefetch);
   for (; e < g.dv; ++e) {
     for (index_t j = 0; j < G; ++j) {
       float s = 0.f;
@@ -240,8 +266,8 @@ void for_head_blocks(index_t heads, F&& f) {
   }
 }
 
-template <class L, class T>
-void attend_runs(const group_args& g, const row_run<T>* runs, index_t run_count, const online_state& st) {
+template <class L, class T, bool Paired>
+void attend_tiles(const group_args& g, const row_run<T>* runs, index_t run_count, const online_state& st) {
   const T* keys[2][tile_tokens];  // this tile and the next, whose rows are prefetched
   const T* values[2][tile_tokens];
   float* z = st.scratch;                              // [heads][tile_tokens]
@@ -252,15 +278,40 @@ void attend_runs(const group_args& g, const row_run<T>* runs, index_t run_count,
     const index_t next_n = cursor.next(keys[cur ^ 1], values[cur ^ 1]);
     const row_run<const T*> next{keys[cur ^ 1], values[cur ^ 1], next_n}, none{nullptr, nullptr, 0};
     for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
-      score_block<L, T, G>(g, h0, keys[cur], n, z + h0 * tile_tokens, tile_tokens, true, h0 == 0 ? next : none);
+      score_block<L, T, G, Paired>(g, h0, keys[cur], n, z + h0 * tile_tokens, tile_tokens, true,
+                                   h0 == 0 ? next : none);
     });
     softmax_step<L>(g.heads, n, z, alpha, st.m, st.l);
     for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
-      value_block<L, T, G>(g, h0, values[cur], n, z, alpha, st.a, h0 == 0 ? next : none);
+      value_block<L, T, G, Paired>(g, h0, values[cur], n, z, alpha, st.a, h0 == 0 ? next : none);
     });
     cur ^= 1;
     n = next_n;
   }
+}
+
+// bf16 with d and dv multiples of 2W runs paired: each 2W-block of the query is copied to
+// scratch as its even then its odd elements, the order in which L::load_pair reads keys.
+template <class L, class T>
+void attend_runs(const group_args& g, const row_run<T>* runs, index_t run_count, const online_state& st) {
+  if constexpr (L::pairs && std::is_same_v<T, bfloat16>) {
+    constexpr index_t W = L::width;
+    if (g.d % (2 * W) == 0 && g.dv % (2 * W) == 0) {
+      float* paired_q = st.scratch + g.heads * scratch_per_head;  // [heads][d]
+      for (index_t h = 0; h < g.heads; ++h)
+        for (index_t b = 0; b < g.d; b += 2 * W)
+          for (index_t i = 0; i < W; ++i) {
+            paired_q[h * g.d + b + i] = g.q[h * g.q_stride + b + 2 * i];
+            paired_q[h * g.d + b + W + i] = g.q[h * g.q_stride + b + 2 * i + 1];
+          }
+      group_args paired = g;
+      paired.q = paired_q;
+      paired.q_stride = g.d;
+      attend_tiles<L, T, true>(paired, runs, run_count, st);
+      return;
+    }
+  }
+  attend_tiles<L, T, false>(g, runs, run_count, st);
 }
 
 template <class L, class T>

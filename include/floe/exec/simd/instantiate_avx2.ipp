@@ -23,6 +23,17 @@ struct avx2_isa {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
   }
+  using pair_bits = __m256i;  // 16 bf16
+  static void load_pair(const bfloat16* p, __m256i& bits) { bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static __m256 even_of(__m256i bits) { return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)); }
+  static __m256 odd_of(__m256i bits) { return _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(-65536))); }
+  // unpack works within 128-bit halves: [0-3 | 8-11] and [4-7 | 12-15], then swap halves.
+  static __m256 interleave_lo(__m256 even, __m256 odd) {
+    return _mm256_permute2f128_ps(_mm256_unpacklo_ps(even, odd), _mm256_unpackhi_ps(even, odd), 0x20);
+  }
+  static __m256 interleave_hi(__m256 even, __m256 odd) {
+    return _mm256_permute2f128_ps(_mm256_unpacklo_ps(even, odd), _mm256_unpackhi_ps(even, odd), 0x31);
+  }
   static float scalar(half h) { return _cvtsh_ss(h.bits); }
   static float hmax(__m256 v) {
     __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

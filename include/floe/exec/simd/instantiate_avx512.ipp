@@ -31,6 +31,17 @@ struct avx512_isa {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
   }
+  using pair_bits = __m512i;  // 32 bf16
+  static void load_pair(const bfloat16* p, __m512i& bits) { bits = _mm512_loadu_si512(p); }
+  static __m512 even_of(__m512i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)); }
+  static __m512 odd_of(__m512i bits) { return _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(-65536))); }
+  static __m512 interleave_lo(__m512 even, __m512 odd) {
+    return _mm512_permutex2var_ps(even, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), odd);
+  }
+  static __m512 interleave_hi(__m512 even, __m512 odd) {
+    return _mm512_permutex2var_ps(even, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31),
+                                  odd);
+  }
   static float scalar(half h) { return _cvtsh_ss(h.bits); }
   static float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
 

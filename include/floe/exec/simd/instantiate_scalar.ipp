@@ -17,6 +17,7 @@ struct scalar_lanes {
   static constexpr index_t width = 1;
   static constexpr index_t accumulators = 8;
   static constexpr index_t max_chunks = 4;
+  static constexpr bool pairs = false;
 
   static float zero() { return 0.f; }
   static float splat(float x) { return x; }

@@ -39,14 +39,14 @@ struct row_run {
 };
 
 // Online-softmax state of a group, in caller memory: m[heads], l[heads], a[heads * dv],
-// and scratch[heads * scratch_per_head] that the kernel may overwrite.
+// and scratch[heads * (scratch_per_head + d)] that the kernel may overwrite.
 struct online_state {
   float* m = nullptr;
   float* l = nullptr;
   float* a = nullptr;
   float* scratch = nullptr;
 };
-inline constexpr index_t scratch_per_head = tile_tokens + 1;
+inline constexpr index_t scratch_per_head = tile_tokens + 1;  // plus d: a reordered copy of the query
 
 template <class T>
 struct typed_kernels {
