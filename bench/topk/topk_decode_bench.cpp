@@ -3,7 +3,8 @@
 // group g = 4, 8 KV heads (512 MiB of KV at 128K, more than the last-level cache).
 // One iteration = one decode step of every KV head; KV heads run on FLOE_BENCH_THREADS
 // threads (default 1), each head's step on one thread, for dense and topk alike.
-// Environment: FLOE_BENCH_N, FLOE_BENCH_KV_HEADS, FLOE_BENCH_GQA, FLOE_BENCH_THREADS.
+// Environment: FLOE_BENCH_N, FLOE_BENCH_KV_HEADS, FLOE_BENCH_GQA, FLOE_BENCH_THREADS,
+// FLOE_BENCH_HUGE_PAGES (default 1: the KV cache on transparent huge pages).
 // docs/methods/retrieval-completion.md, "speed".
 #include <benchmark/benchmark.h>
 
@@ -21,6 +22,7 @@
 #include "floe/select/dense.hpp"
 #include "floe/select/scorers/quantized_scan.hpp"
 #include "floe/select/topk_anchors.hpp"
+#include "huge_page_allocator.hpp"
 
 namespace {
 using floe::index_t;
@@ -34,7 +36,7 @@ index_t env_or(const char* name, index_t fallback) {
 struct workload {
   index_t n = env_or("FLOE_BENCH_N", 131072), d = 128, dv = 128, g = env_or("FLOE_BENCH_GQA", 4),
           heads = env_or("FLOE_BENCH_KV_HEADS", 8);
-  std::vector<std::vector<floe::half>> keys, values;
+  std::vector<std::vector<floe::half, floe::bench::huge_page_allocator<floe::half>>> keys, values;
   std::vector<float> queries;
 
   workload() {

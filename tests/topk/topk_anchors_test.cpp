@@ -2,8 +2,13 @@
 // it claims to be, bounds hold, budgets resolve as documented, bad input is refused.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
 #include <numeric>
+#include <random>
 #include <set>
+#include <vector>
 
 #include "floe/residual/feature_map.hpp"
 #include "floe/select/scorers/exact_scan.hpp"
@@ -96,6 +101,13 @@ TEST_CASE("exact_scan keeps sink, tail and the top k of the middle", "[topk]") {
   REQUIRE(got == want);
 }
 
+// Every scan kernel this CPU runs: the portable one always, AVX-512 VNNI where present.
+std::vector<floe::scan_kernel> scan_kernels() {
+  std::vector<floe::scan_kernel> k{floe::scan_kernel::portable};
+  if (floe::quantized_tile::vnni_available()) k.push_back(floe::scan_kernel::avx512_vnni);
+  return k;
+}
+
 TEST_CASE("4-bit score bounds hold for every token and element type", "[topk][quantized]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(11);
@@ -105,19 +117,22 @@ TEST_CASE("4-bit score bounds hold for every token and element type", "[topk][qu
     const auto qd = floe::testing::random_floats(g, 3 * kv.d(), 3.f);
     const auto q = floe::query_group::make(qd.data(), 3, kv.d());
     const index_t n = kv.n();
-    std::vector<float> center(3 * n), radius(3 * n), z(n);
-    idx.scan(idx.prepare(q), 0, n, center.data(), radius.data(), n);
-    double worst = 0, slack = 0;
-    for (index_t h = 0; h < 3; ++h) {
-      floe::exec::scalar{}.score(kv, q, h, {0, n}, z.data());
-      for (index_t i = 0; i < n; ++i) {
-        worst = std::max(worst, std::fabs(double(z[i]) - center[h * n + i]) / radius[h * n + i]);
-        slack += radius[h * n + i] / n / 3;
+    for (const auto kernel : scan_kernels()) {
+      std::vector<float> center(3 * n), radius(3 * n), z(n);
+      idx.scan(idx.prepare(q), 0, n, center.data(), radius.data(), n, kernel);
+      double worst = 0, slack = 0;
+      for (index_t h = 0; h < 3; ++h) {
+        floe::exec::scalar{}.score(kv, q, h, {0, n}, z.data());
+        for (index_t i = 0; i < n; ++i) {
+          worst = std::max(worst, std::fabs(double(z[i]) - center[h * n + i]) / radius[h * n + i]);
+          slack += radius[h * n + i] / n / 3;
+        }
       }
+      INFO("kernel " << static_cast<int>(kernel) << " key offset " << key_offset << " worst |z - center| / radius "
+                     << worst << " mean radius " << slack);
+      REQUIRE(worst <= 1.0);
+      REQUIRE(worst >= 0.05);  // the bounds are not vacuous
     }
-    INFO("key offset " << key_offset << " worst |z - center| / radius " << worst << " mean radius " << slack);
-    REQUIRE(worst <= 1.0);
-    REQUIRE(worst >= 0.05);  // the bounds are not vacuous
   };
   for (float offset : {0.f, 40.f}) {
     floe::testing::random_kv<float> f(g, 1500, 70, 8, 0, 0, 2.f);
@@ -129,6 +144,66 @@ TEST_CASE("4-bit score bounds hold for every token and element type", "[topk][qu
     check(f, offset);
     check(h, offset);
     check(b, offset);
+  }
+}
+
+TEST_CASE("the scan kernels agree to float rounding", "[topk][quantized]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(16);
+  if (!floe::quantized_tile::vnni_available()) WARN("no AVX-512 VNNI here: only the portable kernel is tested");
+  for (index_t d : {32, 70, 128}) {
+    floe::testing::random_kv<floe::half> data(g, 777, d, 8, 0, 0, 2.f);
+    const auto idx = floe::quantized_keys::build(data.view());
+    const auto qd = floe::testing::random_floats(g, 5 * d, 3.f);
+    const auto p = idx.prepare(floe::query_group::make(qd.data(), 5, d));
+    const index_t begin = 5, end = 700, n = end - begin;
+    std::vector<std::vector<float>> centers, radii;
+    for (const auto kernel : scan_kernels()) {
+      centers.emplace_back(5 * n);
+      radii.emplace_back(5 * n);
+      idx.scan(p, begin, end, centers.back().data(), radii.back().data(), n, kernel);
+    }
+    for (std::size_t k = 1; k < centers.size(); ++k)
+      for (index_t i = 0; i < 5 * n; ++i) {
+        REQUIRE(std::fabs(centers[k][i] - centers[0][i]) <= 1e-5f * radii[0][i]);
+        REQUIRE(std::fabs(radii[k][i] - radii[0][i]) <= 1e-5f * radii[0][i]);
+      }
+  }
+  floe::testing::random_kv<floe::half> data(g, 100, 64, 8);
+  const auto idx = floe::quantized_keys::build(data.view());
+  std::vector<float> qd(64, 1.f), c(100), r(100);
+  qd[3] = std::numeric_limits<float>::quiet_NaN();
+  REQUIRE_THROWS_WITH(idx.prepare(floe::query_group::make(qd.data(), 1, 64)), Catch::Contains("query"));
+  qd[3] = 1.f;
+  REQUIRE_THROWS_WITH(idx.scan(idx.prepare(floe::query_group::make(qd.data(), 1, 64)), 0, 101, c.data(), r.data(), 100),
+                      Catch::Contains("range"));
+}
+
+TEST_CASE("kth_largest and top_k match a full sort, ties and all", "[topk][ranking]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(17);
+  for (index_t n : {10, 5000, 20000, 100000}) {
+    for (int kind = 0; kind < 4; ++kind) {  // normal, few distinct values, ascending, constant
+      std::vector<float> x(n);
+      std::normal_distribution<float> normal(0.f, 1.f);
+      for (index_t i = 0; i < n; ++i)
+        x[i] = kind == 0 ? normal(g) : kind == 1 ? std::floor(4 * normal(g)) : kind == 2 ? float(i) : 3.f;
+      std::vector<float> sorted = x;
+      std::sort(sorted.begin(), sorted.end(), std::greater<float>{});
+      for (index_t k : {index_t{1}, n / 20 + 1, n / 5, n}) {
+        INFO("n " << n << " kind " << kind << " k " << k);
+        REQUIRE(floe::select::ranking::kth_largest(x.data(), n, k) == sorted[k - 1]);
+        const auto top = floe::select::ranking::top_k(x.data(), n, k);
+        REQUIRE(top.size() == k);
+        REQUIRE(std::is_sorted(top.begin(), top.end()));
+        std::vector<index_t> order(n);
+        std::iota(order.begin(), order.end(), index_t{0});
+        std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return x[a] > x[b]; });
+        order.resize(k);
+        std::sort(order.begin(), order.end());
+        REQUIRE(top == order);
+      }
+    }
   }
 }
 

@@ -1,38 +1,28 @@
 // 4-bit keys of one (layer, KV head) with a per-(token, block) offset and scale, and
 // the scan that turns them into score estimates with deterministic error bounds.
-// Tokens are stored in tiles of 16, element-major inside a tile, so that the scan runs
-// across the 16 tokens of a tile in vector lanes without reassociating any sum.
+// Tokens are stored in tiles of 16, so that the scan runs across the 16 tokens of a tile
+// in vector lanes (layout and kernels: quantized_scan_kernels.hpp).
 // docs/methods/retrieval-completion.md, "quantized_scan".
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
-
-#include <xsimd/xsimd.hpp>
 
 #include "floe/core/error.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/index/directed_half.hpp"
-#include "floe/index/widen.hpp"
+#include "floe/index/quantized_scan_kernels.hpp"
 
 namespace floe {
 
-// A query group prepared for scanning: scaled rows s*q_h (zero-padded to whole blocks),
-// and per block their sums and L1 norms (the offset term and the error radius).
-struct quantized_query {
-  index_t heads = 0, padded_d = 0, blocks = 0;
-  std::vector<float> rows;  // [heads, padded_d]: s * q_h
-  std::vector<float> sums;  // [heads, blocks]
-  std::vector<float> l1;    // [heads, blocks]
-};
-
 class quantized_keys {
  public:
-  static constexpr index_t block_dims = 32;  // elements per block: one offset and scale each
-  static constexpr index_t tile_tokens = 16;
+  static constexpr index_t block_dims = quantized_tile::block_dims;  // one offset and scale each
+  static constexpr index_t tile_tokens = quantized_tile::tokens;
 
   quantized_keys() = default;
 
@@ -72,42 +62,71 @@ class quantized_keys {
   index_t bytes_per_token() const { return blocks_ * (block_dims / 2 + 2 * sizeof(half)); }
   std::uint64_t bytes() const { return static_cast<std::uint64_t>(n_) * bytes_per_token(); }
 
+  // Scaled query rows s*q_h as int8 codes per block, with the terms of the estimate and
+  // of its radius. Rounding the query costs |sum_t e_t k_t| <= 15 scale * sum_t |e_t| on
+  // top of the keys' own rounding (the key code lies in 0..15, e_t = s q_t - step code_t).
   quantized_query prepare(const query_group& q) const {
+    constexpr index_t G = quantized_tile::groups, D = quantized_tile::group_dims;
     const index_t pd = blocks_ * block_dims;
-    quantized_query p{q.heads, pd, blocks_, std::vector<float>(q.heads * pd, 0.f),
-                      std::vector<float>(q.heads * blocks_), std::vector<float>(q.heads * blocks_)};
+    quantized_query p;
+    p.heads = q.heads;
+    p.blocks = blocks_;
+    p.codes.assign(q.heads * pd, 0);
+    p.packed.assign(q.heads * blocks_ * G * 2, 0);
+    for (auto* v : {&p.step, &p.sums, &p.reach_scale, &p.reach_offset}) v->assign(q.heads * blocks_, 0.f);
     for (index_t h = 0; h < q.heads; ++h)
       for (index_t b = 0; b < blocks_; ++b) {
-        float sum = 0.f, l1 = 0.f;
-        for (index_t t = b * block_dims; t < std::min(d_, (b + 1) * block_dims); ++t) {
+        const index_t first = b * block_dims, last = std::min(d_, first + block_dims);
+        float top = 0.f;
+        for (index_t t = first; t < last; ++t) {
           const float x = q.scale * q.row(h)[t];
-          p.rows[h * pd + t] = x;
+          require(std::isfinite(x), "query", "head ", h, " element ", t, " is ", x);
+          top = std::max(top, std::fabs(x));
+        }
+        const float step = top / 127.f;
+        double sum = 0, l1 = 0, lost = 0;  // lost: sum of |e_t|
+        for (index_t t = first; t < last; ++t) {
+          const float x = q.scale * q.row(h)[t];
+          const float c = step > 0.f ? std::clamp(std::nearbyint(x / step), -127.f, 127.f) : 0.f;
+          p.codes[h * pd + t] = static_cast<std::int8_t>(c);
           sum += x;
           l1 += std::fabs(x);
+          lost += std::fabs(static_cast<double>(x) - static_cast<double>(step) * c);
         }
-        p.sums[h * blocks_ + b] = sum;
-        p.l1[h * blocks_ + b] = l1;
+        std::uint8_t bytes[G * 2 * 4];  // [group][low/high][4]
+        for (index_t t = 0; t < block_dims; ++t)
+          bytes[(t / D) * 8 + (t % D >= 4 ? 4 : 0) + t % 4] = static_cast<std::uint8_t>(p.codes[h * pd + first + t]);
+        std::memcpy(p.packed.data() + (h * blocks_ + b) * G * 2, bytes, sizeof bytes);
+        const index_t at = h * blocks_ + b;
+        p.step[at] = step;
+        p.sums[at] = static_cast<float>(sum);
+        // Half a key step per element, the query's rounding, and float rounding of the dot
+        // products here and in any executor's exact score (relative 4e-5 of sum |s q_t k_t|).
+        p.reach_scale[at] = static_cast<float>(l1 * (0.5 + 1e-4 + 16 * 4e-5) + 15.0 * lost * (1 + 1e-5) + 1e-30);
+        p.reach_offset[at] = static_cast<float>(l1 * 4e-5 * (1 + 1e-5));
       }
     return p;
   }
 
   // For tokens [begin, end) and every head h: center[h * ld + i - begin] estimates the
   // score z = s q_h . k_i, and |z - center| <= radius (same layout), however z is rounded.
-  // Vectorised across the 16 tokens of a tile (xsimd, the instruction set compiled for),
-  // up to 4 heads per pass so that their sums stay in registers.
-  void scan(const quantized_query& p, index_t begin, index_t end, float* center, float* radius, index_t ld) const {
-    constexpr index_t T = tile_tokens;
-    alignas(64) float out_c[heads_per_pass * T], out_r[heads_per_pass * T];
+  void scan(const quantized_query& p, index_t begin, index_t end, float* center, float* radius, index_t ld,
+            scan_kernel kernel = scan_kernel::automatic) const {
+    require(p.blocks == blocks_, "query", "prepared for ", p.blocks, " blocks, the index has ", blocks_);
+    require(begin <= end && end <= n_, "range", "[", begin, ", ", end, ") is not within the ", n_, " indexed tokens");
+    require(kernel != scan_kernel::avx512_vnni || quantized_tile::vnni_available(), "kernel",
+            "avx512_vnni asked for on a CPU without AVX-512 VNNI");
+    kernel = quantized_tile::resolve(kernel);
+    constexpr index_t T = tile_tokens, P = quantized_tile::heads_per_pass;
+    alignas(64) float out_c[P * T], out_r[P * T];
+    const index_t last_tile = (end + T - 1) / T;
     for (index_t tile = begin / T; tile * T < end; ++tile) {
       const index_t first = std::max(begin, tile * T), last = std::min(end, (tile + 1) * T);
-      for (index_t h0 = 0; h0 < p.heads; h0 += heads_per_pass) {
-        const index_t hn = std::min(heads_per_pass, p.heads - h0);
-        switch (hn) {
-          case 1: scan_tile<1>(p, h0, tile, out_c, out_r); break;
-          case 2: scan_tile<2>(p, h0, tile, out_c, out_r); break;
-          case 3: scan_tile<3>(p, h0, tile, out_c, out_r); break;
-          default: scan_tile<4>(p, h0, tile, out_c, out_r); break;
-        }
+      if (tile + prefetch_tiles < last_tile) prefetch_tile(tile + prefetch_tiles);
+      for (index_t h0 = 0; h0 < p.heads; h0 += P) {
+        const index_t hn = std::min(P, p.heads - h0);
+        quantized_tile::scan_tile(kernel, p, h0, hn, codes_.data() + tile * tile_code_bytes(),
+                                  params_.data() + tile * tile_params(), out_c, out_r);
         for (index_t h = 0; h < hn; ++h)
           for (index_t i = first; i < last; ++i) {
             center[(h0 + h) * ld + i - begin] = out_c[h * T + i - tile * T];
@@ -118,70 +137,20 @@ class quantized_keys {
   }
 
  private:
-  static constexpr index_t heads_per_pass = 4;
-
-  // Centers and radii of heads [h0, h0 + H) for the 16 tokens of one tile.
-  template <index_t H>
-  void scan_tile(const quantized_query& p, index_t h0, index_t tile, float* out_c, float* out_r) const {
-    using lanes = xsimd::batch<float>;
-    constexpr index_t T = tile_tokens, L = lanes::size, V = T / L;
-    static_assert(T % L == 0, "a tile must hold whole vectors");
-    const std::uint8_t* c = codes_.data() + tile * tile_code_bytes();
-    const half* prm = params_.data() + tile * tile_params();
-    alignas(64) float offset[T], scale[T], spread[T], even[T], odd[T];
-    lanes centers[H][V], radii[H][V];
-    for (index_t h = 0; h < H; ++h)
-      for (index_t v = 0; v < V; ++v) centers[h][v] = radii[h][v] = lanes(0.f);
-    for (index_t b = 0; b < blocks_; ++b) {
-      widen(prm + b * 2 * T, offset);
-      widen(prm + b * 2 * T + T, scale);
-      // Rounding to the nearest code leaves scale/2 per element; the rest covers float
-      // rounding of the dot products here and in any executor's exact score.
-      for (index_t j = 0; j < T; ++j)
-        spread[j] = scale[j] * (0.5f + 1e-4f) + 4e-5f * (std::fabs(offset[j]) + 16.f * scale[j]);
-      lanes dot[H][V], dot_odd[H][V];  // two chains per head: FMA latency, not throughput, binds
-      for (index_t h = 0; h < H; ++h)
-        for (index_t v = 0; v < V; ++v) dot[h][v] = dot_odd[h][v] = lanes(0.f);
-      const std::uint8_t* cb = c + b * (block_dims / 2) * T;
-      for (index_t pair = 0; pair < block_dims / 2; ++pair) {
-        for (index_t j = 0; j < T; ++j) {
-          const int byte = cb[pair * T + j];  // signed: converts to float in vector lanes
-          even[j] = static_cast<float>(byte & 15);
-          odd[j] = static_cast<float>(byte >> 4);
-        }
-        for (index_t v = 0; v < V; ++v) {
-          const lanes e = lanes::load_aligned(even + v * L), o = lanes::load_aligned(odd + v * L);
-          for (index_t h = 0; h < H; ++h) {
-            const float* qb = p.rows.data() + (h0 + h) * p.padded_d + b * block_dims + 2 * pair;
-            dot[h][v] = xsimd::fma(lanes(qb[0]), e, dot[h][v]);
-            dot_odd[h][v] = xsimd::fma(lanes(qb[1]), o, dot_odd[h][v]);
-          }
-        }
-      }
-      for (index_t h = 0; h < H; ++h) {
-        const lanes sum(p.sums[(h0 + h) * blocks_ + b]), l1(p.l1[(h0 + h) * blocks_ + b]);
-        for (index_t v = 0; v < V; ++v) {
-          dot[h][v] += dot_odd[h][v];
-          centers[h][v] = xsimd::fma(lanes::load_aligned(offset + v * L), sum,
-                                     xsimd::fma(lanes::load_aligned(scale + v * L), dot[h][v], centers[h][v]));
-          radii[h][v] = xsimd::fma(lanes::load_aligned(spread + v * L), l1, radii[h][v]);
-        }
-      }
-    }
-    for (index_t h = 0; h < H; ++h)
-      for (index_t v = 0; v < V; ++v) {
-        centers[h][v].store_aligned(out_c + h * T + v * L);
-        radii[h][v].store_aligned(out_r + h * T + v * L);
-      }
+  // Tiles asked for ahead of the scan: it reads two streams (codes and parameters) and
+  // stalls on DRAM with the hardware prefetcher alone.
+  static constexpr index_t prefetch_tiles = 16;
+  void prefetch_tile(index_t tile) const {
+    const auto* c = reinterpret_cast<const char*>(codes_.data() + tile * tile_code_bytes());
+    for (index_t b = 0; b < tile_code_bytes(); b += 64) __builtin_prefetch(c + b);
+    const auto* prm = reinterpret_cast<const char*>(params_.data() + tile * tile_params());
+    for (index_t b = 0; b < tile_params() * index_t{sizeof(half)}; b += 64) __builtin_prefetch(prm + b);
   }
 
-  // Codes of a tile: [element pair][16 bytes]; byte j holds token j's even element (low
-  // nibble) and odd element (high nibble). Params of a tile: [block][offset x16, scale x16].
-  index_t tile_code_bytes() const { return blocks_ * (block_dims / 2) * tile_tokens; }
+  // Codes of a tile: [block][quantized_tile::block_code_bytes]. Params of a tile:
+  // [block][offset x16, scale x16].
+  index_t tile_code_bytes() const { return blocks_ * quantized_tile::block_code_bytes; }
   index_t tile_params() const { return blocks_ * 2 * tile_tokens; }
-
-  // Offsets and scales are finite by construction (keys are checked at append).
-  static void widen(const half* src, float* dst) { detail::widen_finite(src, dst, tile_tokens); }
 
   // Offset rounded down and scale rounded up, so every element lies in [offset, offset + 15 scale].
   void quantize_row(const float* row, index_t i) {
@@ -199,10 +168,10 @@ class quantized_keys {
       prm[b * 2 * tile_tokens + j] = offset;
       prm[b * 2 * tile_tokens + tile_tokens + j] = scale;
       for (index_t t = 0; t < len; ++t) {
-        std::uint8_t& byte = c[(b * block_dims + t) / 2 * tile_tokens + j];
+        std::uint8_t& byte = c[b * quantized_tile::block_code_bytes + quantized_tile::code_byte(t, j)];
         const std::uint8_t q = code(x[t], off, sc);
-        byte = t % 2 == 0 ? static_cast<std::uint8_t>((byte & 0xf0u) | q)
-                          : static_cast<std::uint8_t>((byte & 0x0fu) | (q << 4));
+        byte = quantized_tile::code_high(t) ? static_cast<std::uint8_t>((byte & 0x0fu) | (q << 4))
+                                            : static_cast<std::uint8_t>((byte & 0xf0u) | q);
       }
     }
   }

@@ -59,27 +59,11 @@ struct larger_first {
   bool operator()(index_t i, index_t j) const { return key[i] > key[j] || (key[i] == key[j] && i < j); }
 };
 
-// The positions (ascending) of the k largest keys among candidates (all of [0, count) when
-// `candidates` is null).
-inline std::vector<index_t> top_k(const float* key, index_t count, index_t k, const std::vector<index_t>* candidates = nullptr) {
-  std::vector<index_t> order;
-  if (candidates) order = *candidates;
-  else {
-    order.resize(count);
-    std::iota(order.begin(), order.end(), index_t{0});
-  }
-  k = std::min<index_t>(k, order.size());
-  std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(), larger_first{key});
-  order.resize(k);
-  std::sort(order.begin(), order.end());
-  return order;
-}
-
 // The k-th largest key (k >= 1), or -inf when k exceeds count. Radix selection on the
 // order-preserving integer image: a histogram of the top 12 bits finds the bucket that
 // holds it, a histogram of the next 12 bits inside that bucket narrows it, and only the
 // few keys left are sorted partially. No key may be NaN.
-inline float kth_largest(const float* key, index_t count, index_t k) {
+inline float kth_largest_radix(const float* key, index_t count, index_t k) {
   if (k == 0 || k > count) return -std::numeric_limits<float>::infinity();
   auto image = [](float f) {
     std::uint32_t u;
@@ -109,6 +93,60 @@ inline float kth_largest(const float* key, index_t count, index_t k) {
   const auto nth = last.begin() + static_cast<std::ptrdiff_t>(k - above - 1);
   std::nth_element(last.begin(), nth, last.end(), std::greater<float>{});
   return *nth;
+}
+
+// The same value, faster when k is a small part of count: an evenly spaced sample gives
+// a threshold that about 1.25 k keys reach; one branch-free pass keeps those, and the
+// k-th largest among them is the answer when at least k were kept (else the radix path).
+inline float kth_largest(const float* key, index_t count, index_t k) {
+  if (k == 0 || k > count) return -std::numeric_limits<float>::infinity();
+  constexpr index_t sample_size = 2048;
+  if (count < 8 * sample_size || k > count / 4) return kth_largest_radix(key, count, k);
+  const index_t stride = count / sample_size;
+  thread_local std::vector<float> kept;
+  kept.resize(sample_size);
+  for (index_t j = 0; j < sample_size; ++j) kept[j] = key[j * stride];
+  const index_t rank = std::min<index_t>(sample_size - 1, (k + k / 4) / stride + 8);  // 0-based, from the top
+  std::nth_element(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(rank), kept.end(), std::greater<float>{});
+  const float bar = kept[rank];
+  kept.resize(count);
+  index_t m = 0;
+  for (index_t i = 0; i < count; ++i) {
+    kept[m] = key[i];
+    m += key[i] >= bar ? 1 : 0;
+  }
+  if (m < k) return kth_largest_radix(key, count, k);
+  std::nth_element(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(k - 1), kept.begin() + static_cast<std::ptrdiff_t>(m),
+                   std::greater<float>{});
+  return kept[k - 1];
+}
+
+// The positions (ascending) of the k largest keys among candidates (all of [0, count) when
+// `candidates` is null), ties broken towards the lower position: every key above the k-th
+// largest, then those equal to it in order.
+inline std::vector<index_t> top_k(const float* key, index_t count, index_t k, const std::vector<index_t>* candidates = nullptr) {
+  std::vector<float> gathered;
+  if (candidates) {
+    gathered.resize(candidates->size());
+    for (index_t j = 0; j < gathered.size(); ++j) gathered[j] = key[(*candidates)[j]];
+  }
+  const float* keys = candidates ? gathered.data() : key;
+  const index_t n = candidates ? candidates->size() : count;
+  k = std::min(k, n);
+  std::vector<index_t> chosen;
+  if (k == 0) return chosen;
+  const float bar = kth_largest(keys, n, k);
+  index_t above = 0;
+  for (index_t j = 0; j < n; ++j) above += keys[j] > bar ? 1 : 0;
+  index_t ties = k - above;
+  chosen.reserve(k);
+  for (index_t j = 0; j < n; ++j) {
+    const bool take = keys[j] > bar || (keys[j] == bar && ties > 0);
+    if (keys[j] == bar && take) --ties;
+    if (take) chosen.push_back(candidates ? (*candidates)[j] : j);
+  }
+  if (candidates) std::sort(chosen.begin(), chosen.end());
+  return chosen;
 }
 
 // Top-p: the fewest tokens whose estimated share of the middle's attention reaches p,

@@ -1,0 +1,197 @@
+// The tile kernels of the 4-bit key scan: score estimates and radii for the 16 tokens of
+// one tile and up to 4 query heads. Two implementations of one formula, chosen at run
+// time: a portable one (xsimd float lanes of the instruction set compiled for; about 5x
+// slower) and one for AVX-512 VNNI (vpdpbusd: 64 code-times-query products per
+// instruction), so the library runs on any x86-64 CPU and uses VNNI where it exists.
+// Both sum the same integers exactly; they differ only in float rounding, which the
+// radius covers. docs/methods/retrieval-completion.md, "quantized_scan".
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define FLOE_QUANTIZED_SCAN_HAS_VNNI 1
+#endif
+
+#include <xsimd/xsimd.hpp>
+
+#include "floe/core/config.hpp"
+#include "floe/core/numeric_types.hpp"
+#include "floe/index/widen.hpp"
+
+namespace floe {
+
+// A query group prepared for the scan. Per head and 32-element block: the query's int8
+// codes (q ~ step * code), packed four to a word in the order the tile stores key codes,
+// and the block's float terms of the estimate and of the radius.
+struct quantized_query {
+  index_t heads = 0, blocks = 0;
+  std::vector<std::int8_t> codes;     // [heads, blocks * 32]
+  std::vector<std::int32_t> packed;   // [heads, blocks, 4 groups, low/high]: codes 8G+0..3, 8G+4..7
+  std::vector<float> step;            // [heads, blocks]
+  std::vector<float> sums;            // [heads, blocks]: sum of s*q over the block (offset term)
+  std::vector<float> reach_scale;     // [heads, blocks]: radius per unit of the token's scale
+  std::vector<float> reach_offset;    // [heads, blocks]: radius per unit of |offset|
+};
+
+// Which tile kernel scans: the best one this CPU runs, or one forced (tests compare them).
+enum class scan_kernel { automatic, portable, avx512_vnni };
+
+namespace quantized_tile {
+
+inline constexpr index_t tokens = 16;      // tokens of a tile
+inline constexpr index_t block_dims = 32;  // elements sharing one offset and scale
+inline constexpr index_t group_dims = 8;   // elements of one 4-byte word per token
+inline constexpr index_t groups = block_dims / group_dims;
+inline constexpr index_t heads_per_pass = 4;
+
+// Bytes of one block of a tile: [group][token][4 bytes]. Byte b of a token's word holds
+// element 8G + b in its low nibble and element 8G + 4 + b in its high nibble.
+inline constexpr index_t block_code_bytes = groups * tokens * 4;
+
+// Where element t of token j of a block sits, and in which nibble.
+inline index_t code_byte(index_t t, index_t j) { return (t / group_dims) * tokens * 4 + j * 4 + t % 4; }
+inline bool code_high(index_t t) { return t % group_dims >= 4; }
+
+// True when this CPU (and its OS) runs the AVX-512 VNNI kernel.
+inline bool vnni_available() {
+#ifdef FLOE_QUANTIZED_SCAN_HAS_VNNI
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// Resolves `automatic`; FLOE_QUANTIZED_SCAN=portable in the environment forces the portable kernel.
+inline scan_kernel resolve(scan_kernel k) {
+  if (k != scan_kernel::automatic) return k;
+  static const bool forced_portable = [] {
+    const char* v = std::getenv("FLOE_QUANTIZED_SCAN");
+    return v && std::string_view(v) == "portable";
+  }();
+  return !forced_portable && vnni_available() ? scan_kernel::avx512_vnni : scan_kernel::portable;
+}
+
+// Centers and radii of heads [h0, h0 + H) for the tokens of one tile: out_c[h * 16 + j].
+// The integer sums run in float lanes of the compiled instruction set (xsimd): they stay
+// below 2^24 (|code * query code| <= 15 * 127 per element, 32 elements), so are exact.
+template <index_t H>
+void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* codes, const half* params,
+                   float* out_c, float* out_r) {
+  using lanes = xsimd::batch<float>;
+  constexpr index_t L = lanes::size, V = tokens / L;
+  static_assert(tokens % L == 0, "a tile must hold whole vectors");
+  lanes center[H][V], radius[H][V];
+  for (index_t h = 0; h < H; ++h)
+    for (index_t v = 0; v < V; ++v) center[h][v] = radius[h][v] = lanes(0.f);
+  alignas(64) float low[tokens], high[tokens], offset[tokens], scale[tokens], magnitude[tokens];
+  for (index_t b = 0; b < p.blocks; ++b) {
+    lanes dot[H][V];
+    for (index_t h = 0; h < H; ++h)
+      for (index_t v = 0; v < V; ++v) dot[h][v] = lanes(0.f);
+    const std::uint8_t* cb = codes + b * block_code_bytes;
+    for (index_t G = 0; G < groups; ++G)
+      for (index_t byte = 0; byte < 4; ++byte) {  // elements 8G + byte (low nibble) and 8G + 4 + byte (high)
+        for (index_t j = 0; j < tokens; ++j) {
+          const int c = cb[G * tokens * 4 + j * 4 + byte];
+          low[j] = static_cast<float>(c & 15);
+          high[j] = static_cast<float>(c >> 4);
+        }
+        for (index_t h = 0; h < H; ++h) {
+          const std::int8_t* q = p.codes.data() + (h0 + h) * p.blocks * block_dims + b * block_dims + G * group_dims;
+          const lanes ql(static_cast<float>(q[byte])), qh(static_cast<float>(q[4 + byte]));
+          for (index_t v = 0; v < V; ++v)
+            dot[h][v] = xsimd::fma(qh, lanes::load_aligned(high + v * L),
+                                   xsimd::fma(ql, lanes::load_aligned(low + v * L), dot[h][v]));
+        }
+      }
+    detail::widen_finite(params + b * 2 * tokens, offset, tokens);
+    detail::widen_finite(params + b * 2 * tokens + tokens, scale, tokens);
+    for (index_t j = 0; j < tokens; ++j) magnitude[j] = std::fabs(offset[j]);
+    for (index_t h = 0; h < H; ++h) {
+      const index_t at = (h0 + h) * p.blocks + b;
+      const lanes step(p.step[at]), sum(p.sums[at]), rs(p.reach_scale[at]), ro(p.reach_offset[at]);
+      for (index_t v = 0; v < V; ++v) {
+        const lanes o = lanes::load_aligned(offset + v * L), s = lanes::load_aligned(scale + v * L);
+        center[h][v] = xsimd::fma(o, sum, xsimd::fma(s, step * dot[h][v], center[h][v]));
+        radius[h][v] = xsimd::fma(lanes::load_aligned(magnitude + v * L), ro, xsimd::fma(s, rs, radius[h][v]));
+      }
+    }
+  }
+  for (index_t h = 0; h < H; ++h)
+    for (index_t v = 0; v < V; ++v) {
+      center[h][v].store_unaligned(out_c + h * tokens + v * L);
+      radius[h][v].store_unaligned(out_r + h * tokens + v * L);
+    }
+}
+
+#ifdef FLOE_QUANTIZED_SCAN_HAS_VNNI
+// The same for AVX-512 VNNI: the 16 tokens in the lanes, one int32 accumulator per head.
+template <index_t H>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni(const quantized_query& p, index_t h0,
+                                                                       const std::uint8_t* codes,
+                                                                       const half* params, float* out_c,
+                                                                       float* out_r) {
+  __m512 center[H], radius[H];
+  for (index_t h = 0; h < H; ++h) center[h] = radius[h] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi8(15);
+  const __mmask16 all = 0xffff;  // masked forms: GCC 12 warns on the unmasked ones' undefined source
+  for (index_t b = 0; b < p.blocks; ++b) {
+    __m512i dot[H];
+    for (index_t h = 0; h < H; ++h) dot[h] = _mm512_setzero_si512();
+    for (index_t G = 0; G < groups; ++G) {
+      const __m512i v = _mm512_loadu_si512(codes + b * block_code_bytes + G * tokens * 4);
+      const __m512i low = _mm512_and_si512(v, nibble), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      for (index_t h = 0; h < H; ++h) {
+        const std::int32_t* w = p.packed.data() + (((h0 + h) * p.blocks + b) * groups + G) * 2;
+        dot[h] = _mm512_dpbusd_epi32(dot[h], low, _mm512_set1_epi32(w[0]));
+        dot[h] = _mm512_dpbusd_epi32(dot[h], high, _mm512_set1_epi32(w[1]));
+      }
+    }
+    const __m512 offset = _mm512_maskz_cvtph_ps(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(params + b * 2 * tokens)));
+    const __m512 scale =
+        _mm512_maskz_cvtph_ps(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(params + b * 2 * tokens + tokens)));
+    const __m512 magnitude = _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(offset), _mm512_set1_epi32(0x7fffffff)));
+    for (index_t h = 0; h < H; ++h) {
+      const index_t at = (h0 + h) * p.blocks + b;
+      const __m512 scaled_dot = _mm512_mul_ps(_mm512_set1_ps(p.step[at]), _mm512_maskz_cvtepi32_ps(all, dot[h]));
+      center[h] = _mm512_fmadd_ps(offset, _mm512_set1_ps(p.sums[at]), _mm512_fmadd_ps(scale, scaled_dot, center[h]));
+      radius[h] = _mm512_fmadd_ps(magnitude, _mm512_set1_ps(p.reach_offset[at]),
+                                  _mm512_fmadd_ps(scale, _mm512_set1_ps(p.reach_scale[at]), radius[h]));
+    }
+  }
+  for (index_t h = 0; h < H; ++h) {
+    _mm512_storeu_ps(out_c + h * tokens, center[h]);
+    _mm512_storeu_ps(out_r + h * tokens, radius[h]);
+  }
+}
+#endif
+
+// One tile, heads [h0, h0 + hn), hn <= heads_per_pass, with the resolved kernel.
+inline void scan_tile(scan_kernel kernel, const quantized_query& p, index_t h0, index_t hn, const std::uint8_t* codes,
+                      const half* params, float* out_c, float* out_r) {
+  auto run = [&]<index_t H>() {
+#ifdef FLOE_QUANTIZED_SCAN_HAS_VNNI
+    if (kernel == scan_kernel::avx512_vnni) return scan_vnni<H>(p, h0, codes, params, out_c, out_r);
+#endif
+    scan_portable<H>(p, h0, codes, params, out_c, out_r);
+  };
+  switch (hn) {
+    case 1: run.template operator()<1>(); break;
+    case 2: run.template operator()<2>(); break;
+    case 3: run.template operator()<3>(); break;
+    default: run.template operator()<4>(); break;
+  }
+}
+
+}  // namespace quantized_tile
+}  // namespace floe
