@@ -150,6 +150,8 @@ int main(int argc, char** argv) try {
   std::vector<tally> mog(nb), ablation(nb), oracle(nb), appended(nb);
   std::vector<index_t> rebuilds(dump.kv_heads, 0);
   std::vector<double> build_seconds(dump.kv_heads), index_frac(dump.kv_heads);
+  std::vector<mog_memory> memory(dump.kv_heads);
+  std::vector<index_t> shape(3 * dump.kv_heads);  // clusters, subclusters, outliers
   std::mutex merge;
   for_threads(dump.kv_heads, opt.threads, [&](index_t h) {
     dump.visit_head(h, [&](const auto& kv) {
@@ -180,6 +182,10 @@ int main(int argc, char** argv) try {
       }
       build_seconds[h] = index.build_seconds();
       index_frac[h] = static_cast<double>(index.bytes()) / kv_bytes;
+      memory[h] = index.memory();
+      shape[3 * h] = index.clusters();
+      shape[3 * h + 1] = index.subclusters();
+      shape[3 * h + 2] = index.outliers().size();
       std::vector<tally> m(nb), a(nb), o(nb), ap(nb);
       std::vector<double> ref(g * dv);
       std::vector<float> out(g * dv);
@@ -230,6 +236,14 @@ int main(int argc, char** argv) try {
     mean_index += index_frac[h] / static_cast<double>(dump.kv_heads);
   }
   std::printf("index: %.3f s build per KV head (one thread), %.2f %% of the head's KV bytes\n", mean_build, 100 * mean_index);
+  {  // memory by part, head 0
+    const double kv0 = static_cast<double>(dump.n * (dump.d + dump.dv) * dump.element_bytes()) / 100.0;
+    const mog_memory& m = memory[0];
+    std::printf("index of KV head 0: %zu clusters, %zu subclusters, %zu outliers; %% of KV bytes: cluster summaries %.2f, "
+                "subcluster summaries %.2f, positions %.2f, offsets %.2f, cross-covariance %.2f, metric %.2f, total %.2f\n",
+                shape[0], shape[1], shape[2], m.cluster_summaries / kv0, m.subcluster_summaries / kv0, m.positions / kv0,
+                m.offsets / kv0, m.cross_covariance / kv0, m.metric / kv0, m.total() / kv0);
+  }
   std::printf("%-18s %7s %9s %10s %8s %8s %8s %8s\n", "method", "budget", "keys_read", "bytes_read", "err_p50", "err_p90",
               "err_p99", "err_max");
   auto row = [](const char* name, double b, const tally& t) {

@@ -64,7 +64,7 @@ TEST_CASE("mog: a partial budget reads at most its tokens, and every other token
   validate_ranges(out.ranges, view.n());
   REQUIRE(out.count() <= 150);
   REQUIRE(out.count() > 0);
-  REQUIRE(s.summary_bytes >= idx.clusters() * (2 * 32 + 1) * sizeof(float));
+  REQUIRE(s.summary_bytes >= idx.clusters() * (2 * 32 * sizeof(half) + 3 * sizeof(float)));
 
   std::vector<int> cover(view.n(), 0);
   for (const auto& r : out.ranges)
@@ -84,8 +84,8 @@ TEST_CASE("mog: a partial budget reads at most its tokens, and every other token
   for (index_t h = 0; h < 4; ++h)
     for (index_t j = 0; j < groups; j += 7) {
       const auto gid = out.residual_groups[j];
-      const double want = gaussian_log_mass(std::log(static_cast<double>(idx.count(gid))), idx.mean(gid),
-                                            idx.variance(gid), q.row(h), 32, q.scale);
+      const double want = gaussian_log_mass(std::log(static_cast<double>(idx.count(gid))), idx.mean(gid).data(),
+                                            idx.variance(gid).data(), q.row(h), 32, q.scale);
       REQUIRE(out.residual_log_mass[h * groups + j] == Approx(want).margin(1e-4 * (1 + std::abs(want))));
     }
 }
@@ -115,7 +115,7 @@ TEST_CASE("mog: the Gaussian residual beats dropping it (mog_clusters+none) at e
   REQUIRE(err_with < 0.5 * err_without);
 }
 
-TEST_CASE("mog: identical keys are estimated exactly at any budget", "[mog]") {
+TEST_CASE("mog: identical keys are estimated exactly at any budget (up to fp16 summaries)", "[mog]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(716);
   random_kv<float> kv(g, 800, 16, 8);
@@ -127,7 +127,8 @@ TEST_CASE("mog: identical keys are estimated exactly at any budget", "[mog]") {
     const floe::testing::mog est(floe::testing::mog_selector(b), {});
     stats s;
     const auto out = floe::testing::decode(est, est.build(view), view, q, s);
-    REQUIRE(floe::testing::worst_head_error(out, floe::testing::dense_reference(view, q), 3, 8) <= 1e-5);
+    // The value mean is stored in fp16: 2^-12 relative rounding per element.
+    REQUIRE(floe::testing::worst_head_error(out, floe::testing::dense_reference(view, q), 3, 8) <= 1e-3);
   }
 }
 
@@ -163,7 +164,7 @@ TEST_CASE("mog: a budget below one subcluster reads nothing and estimates everyt
   for (index_t h = 0; h < 2; ++h) {
     std::vector<double> lam;
     for (auto gid : sel.residual_groups)
-      lam.push_back(gaussian_log_mass(std::log(double(idx.count(gid))), idx.mean(gid), idx.variance(gid), q.row(h), 16, q.scale));
+      lam.push_back(gaussian_log_mass(std::log(double(idx.count(gid))), idx.mean(gid).data(), idx.variance(gid).data(), q.row(h), 16, q.scale));
     const double top = *std::max_element(lam.begin(), lam.end());
     std::vector<double> num(8, 0.0);
     double den = 0;

@@ -1,7 +1,8 @@
-// The Mixture-of-Gaussians index of one (layer, KV head): ~sqrt(n) key clusters, ~ln n
+// The Mixture-of-Gaussians index of one (layer, KV head): ~sqrt(n) key clusters, ~(2/3) ln n
 // subclusters in each, every group summarised by its count, key mean, diagonal key
-// variance and value mean. Tokens are referenced by position in the caller's cache,
-// subcluster by subcluster. docs/methods/mog.md.
+// variance and value mean, stored as fp16 with a power-of-two scale per row. Outlier keys
+// are exact tokens. Tokens are referenced by position in the caller's cache, subcluster by
+// subcluster. docs/methods/mog.md.
 #pragma once
 
 #include <Eigen/Cholesky>
@@ -11,11 +12,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <span>
 #include <vector>
 
 #include "floe/core/error.hpp"
 #include "floe/core/kv_view.hpp"
+#include "floe/core/numeric_types.hpp"
 #include "floe/exec/parallel.hpp"
 #include "floe/index/kmeans.hpp"
 
@@ -23,7 +26,7 @@ namespace floe {
 
 struct mog_config {
   index_t clusters = 0;           // 0: round(sqrt(n))
-  index_t subclusters = 0;        // per cluster; 0: max(1, round(ln n))
+  index_t subclusters = 0;        // per cluster; 0: max(1, round(2/3 ln n))
   index_t iterations = 6;         // Lloyd iterations at each level
   index_t tail_capacity = 256;    // appended tokens stay exact until this many wait
   double rebuild_growth = 0.5;    // re-cluster once appended tokens reach this fraction of those clustered at build
@@ -35,7 +38,7 @@ struct mog_config {
   index_t sinks = 4;              // the first tokens (attention sinks) are never clustered, always exact
   index_t window = 0;             // nor are the most recent ones
   double outlier_sigma = 8.0;     // a key whose squared Mahalanobis distance exceeds d + sigma sqrt(2d)...
-  double outlier_fraction = 0.005;  // ... becomes a cluster of its own, for at most this fraction of tokens
+  double outlier_fraction = 0.005;  // ... is an exact token (always attended), for at most this fraction of tokens
   bool cross_covariance = false;  // keep Cov(v, k) per cluster: dv x d floats each
   std::uint64_t seed = 0x6d6f67;
   // Optional sample of queries (rows of d floats, e.g. the last prefill queries of the GQA
@@ -56,6 +59,42 @@ FLOE_HOST_DEVICE inline double gaussian_log_mass(double log_count, const float* 
   return log_count + scale * dot + 0.5 * scale * scale * spread;
 }
 
+namespace detail {
+// fp16 bits to float without branches (so that decoding loops vectorise); finite values only.
+inline float half_bits_to_float(std::uint16_t h) {
+  const float magnitude = bits_float(static_cast<std::uint32_t>(h & 0x7fffu) << 13) * 0x1p112f;
+  return bits_float(float_bits(magnitude) | (static_cast<std::uint32_t>(h & 0x8000u) << 16));
+}
+// x / scale as fp16, scale a power of two putting max |x| below 2^15 (no overflow, and
+// rounding errors of at most 2^-11 relative to each element, or 2^-39 of the row's max for
+// elements in the subnormal range). Returns the scale.
+inline float encode_halves(const double* x, index_t n, half* out) {
+  double top = 0.0;
+  for (index_t t = 0; t < n; ++t) top = std::max(top, std::abs(x[t]));
+  int e = 0;
+  if (top > 0.0) std::frexp(top, &e);  // top < 2^e
+  const double scale = std::ldexp(1.0, std::max(e - 15, -126));
+  for (index_t t = 0; t < n; ++t) out[t] = half::from_float(static_cast<float>(x[t] / scale));
+  return static_cast<float>(scale);
+}
+inline void decode_halves(const half* x, float scale, index_t n, float* out) {
+  for (index_t t = 0; t < n; ++t) out[t] = half_bits_to_float(x[t].bits) * scale;
+}
+}  // namespace detail
+
+// Index memory by part (bytes).
+struct mog_memory {
+  std::uint64_t cluster_summaries = 0;     // per cluster: fp16 mean, variance, value mean; 3 scales, count, log count
+  std::uint64_t subcluster_summaries = 0;  // the same per subcluster
+  std::uint64_t positions = 0;             // member positions (4 bytes per clustered token) and exact outliers
+  std::uint64_t offsets = 0;               // CSR offsets of subclusters and members
+  std::uint64_t cross_covariance = 0;      // optional, float [clusters, dv, d]
+  std::uint64_t metric = 0;                // optional query metric, float [d, d]
+  std::uint64_t total() const {
+    return cluster_summaries + subcluster_summaries + positions + offsets + cross_covariance + metric;
+  }
+};
+
 class mog_index {
  public:
   mog_index() = default;
@@ -71,7 +110,7 @@ class mog_index {
 
   // Takes in tokens [tokens(), kv.n()) of a cache that grew by decoding. They stay in the
   // exact tail until tail_capacity wait beyond the recent window; then those older than the
-  // window join their nearest cluster and subcluster (Welford updates). Past the growth or
+  // window join their nearest cluster and subcluster (moments recomputed). Past the growth or
   // drift threshold the whole cache is re-clustered.
   template <KvView KV>
   void append(const KV& kv, const parallel_for_fn& parallel_for = serial_for) {
@@ -101,11 +140,20 @@ class mog_index {
   index_t subclusters() const { return subclusters_; }
   index_t groups() const { return clusters_ + subclusters_; }  // cluster c is group c, subcluster s is group clusters()+s
 
-  // Group summaries: row g of moments() is [mean (d) | variance (d)].
-  const float* moments() const { return moments_.data(); }
-  const float* mean(index_t g) const { return moments_.data() + g * 2 * d_; }
-  const float* variance(index_t g) const { return mean(g) + d_; }
-  const float* value_mean(index_t g) const { return value_means_.data() + g * dv_; }
+  // Group summaries, fp16 rows [mean (d) | variance (d) | value mean (dv)] with a
+  // power-of-two scale per part. decode_moments writes [mean | variance] (2d floats),
+  // decode_value_mean dv floats; mean(), variance() and value_mean() return copies.
+  void decode_moments(index_t g, float* out) const {
+    const half* row = summary_.data() + g * row_width();
+    detail::decode_halves(row, scales_[3 * g], d_, out);
+    detail::decode_halves(row + d_, scales_[3 * g + 1], d_, out + d_);
+  }
+  void decode_value_mean(index_t g, float* out) const {
+    detail::decode_halves(summary_.data() + g * row_width() + 2 * d_, scales_[3 * g + 2], dv_, out);
+  }
+  std::vector<float> mean(index_t g) const { return decoded(g, 0, d_); }
+  std::vector<float> variance(index_t g) const { return decoded(g, 1, d_); }
+  std::vector<float> value_mean(index_t g) const { return decoded(g, 2, dv_); }
   const float* log_counts() const { return log_counts_.data(); }
   std::uint32_t count(index_t g) const { return counts_[g]; }
   bool has_cross_covariance() const { return !cross_cov_.empty(); }
@@ -116,19 +164,24 @@ class mog_index {
   std::span<const std::uint32_t> members(index_t s) const {
     return {members_.data() + member_begin_[s], member_begin_[s + 1] - member_begin_[s]};
   }
+  // Outlier keys, increasing positions: in no cluster, always attended exactly.
+  std::span<const std::uint32_t> outliers() const { return outliers_; }
 
-  // Row p of the clustered order holds token clustered_order()[p] (sinks first): an engine
-  // that copies the first tokens() rows of its cache into this order and then calls
-  // adopt_clustered_order() gets every subcluster as one contiguous range
-  // (docs/methods/mog.md, "layout"). A later re-clustering returns to per-token ranges.
+  // Row p of the clustered order holds token clustered_order()[p] (sinks, then outliers,
+  // then subcluster by subcluster): an engine that copies the first tokens() rows of its
+  // cache into this order and then calls adopt_clustered_order() gets every subcluster as
+  // one contiguous range (docs/methods/mog.md, "layout"). A later re-clustering returns to
+  // per-token ranges.
   std::vector<std::uint32_t> clustered_order() const {
     std::vector<std::uint32_t> order(sinks_);
     for (index_t p = 0; p < sinks_; ++p) order[p] = static_cast<std::uint32_t>(p);
+    order.insert(order.end(), outliers_.begin(), outliers_.end());
     order.insert(order.end(), members_.begin(), members_.end());
     return order;
   }
   void adopt_clustered_order() {
-    for (index_t p = 0; p < members_.size(); ++p) members_[p] = static_cast<std::uint32_t>(sinks_ + p);
+    for (index_t p = 0; p < outliers_.size(); ++p) outliers_[p] = static_cast<std::uint32_t>(sinks_ + p);
+    for (index_t p = 0; p < members_.size(); ++p) members_[p] = static_cast<std::uint32_t>(sinks_ + outliers_.size() + p);
   }
 
   const mog_config& config() const { return cfg_; }
@@ -136,11 +189,18 @@ class mog_index {
   double build_seconds() const { return build_seconds_; }   // wall time of the last (re)build
   index_t appended_since_build() const { return appended_; }
 
-  std::uint64_t bytes() const {
-    return sizeof(float) * (moments_.size() + value_means_.size() + log_counts_.size() + cross_cov_.size() +
-                            static_cast<std::uint64_t>(metric_.size())) +
-           sizeof(std::uint32_t) * (counts_.size() + sub_begin_.size() + member_begin_.size() + members_.size());
+  mog_memory memory() const {
+    mog_memory m;
+    const std::uint64_t per_group = row_width() * sizeof(half) + 3 * sizeof(float) + sizeof(float) + sizeof(std::uint32_t);
+    m.cluster_summaries = clusters_ * per_group;
+    m.subcluster_summaries = subclusters_ * per_group;
+    m.positions = sizeof(std::uint32_t) * (members_.size() + outliers_.size());
+    m.offsets = sizeof(std::uint32_t) * (sub_begin_.size() + member_begin_.size());
+    m.cross_covariance = sizeof(float) * cross_cov_.size();
+    m.metric = sizeof(float) * static_cast<std::uint64_t>(metric_.size());
+    return m;
   }
+  std::uint64_t bytes() const { return memory().total(); }
 
  private:
   template <KvView KV>
@@ -178,21 +238,19 @@ class mog_index {
     check_values(kv, 0, kv.n());
     const auto middle = keys.middleRows(static_cast<Eigen::Index>(sinks_), static_cast<Eigen::Index>(n - sinks_));
     metric_ = cfg_.query_sample.empty() ? row_matrix() : query_metric_root();
-    clusters_ = subclusters_ = 0;
-    sub_begin_.assign(1, 0);
-    member_begin_.assign(1, 0);
-    members_.clear();
-    if (n > sinks_) add_clusters(partition(in_metric(middle), parallel_for), sinks_);
+    clear_layout();
+    if (n > sinks_) {
+      std::vector<std::uint32_t> outliers;
+      add_clusters(partition(in_metric(middle), parallel_for, outliers), sinks_);
+      for (auto p : outliers) outliers_.push_back(static_cast<std::uint32_t>(p + sinks_));
+    }
     n_ = n;
-    moments_.clear();
-    value_means_.clear();
-    counts_.clear();
-    log_counts_.clear();
-    cross_cov_.clear();
-    compute_moments(kv, [&](index_t i) { return keys.row(static_cast<Eigen::Index>(i)).data(); }, 0, 0, parallel_for);
+    clear_summaries();
+    regroup(0, 0);
+    compute_moments(kv, clusters_from(0), parallel_for);
     built_mean_sq_dist_ = 0.0;
     for (index_t c = 0; c < clusters_; ++c) built_mean_sq_dist_ += static_cast<double>(counts_[c]) * metric_spread(c);
-    built_mean_sq_dist_ /= static_cast<double>(std::max<index_t>(n_ - sinks_, 1));
+    built_mean_sq_dist_ /= static_cast<double>(std::max<index_t>(n_ - sinks_ - outliers_.size(), 1));
     n_at_build_ = n;
     appended_ = joined_ = 0;
     built_clusters_ = clusters_;
@@ -218,7 +276,10 @@ class mog_index {
   row_matrix in_metric(const Rows& keys) const { return metric_.size() ? row_matrix(keys * metric_) : row_matrix(keys); }
 
   index_t subclusters_per_cluster(index_t n) const {
-    return cfg_.subclusters ? cfg_.subclusters : std::max<index_t>(1, static_cast<index_t>(std::lround(std::log(double(n)))));
+    // (2/3) ln n: 8 at n = 128K, which keeps the index within 5 % of a d = 128 fp16 head's
+    // KV bytes (docs/methods/mog.md, "memory"); ln n (12) measured no more accurate there.
+    return cfg_.subclusters ? cfg_.subclusters
+                            : std::max<index_t>(1, static_cast<index_t>(std::lround(2.0 / 3.0 * std::log(double(n)))));
   }
 
   // k clusters of the rows of keys, each split into up to s subclusters; positions are row
@@ -260,15 +321,16 @@ class mog_index {
     return parts;
   }
 
-  // Two-level k-means of the rows of keys, then outliers split off as clusters of one.
-  std::vector<cluster_members> partition(const row_matrix& keys, const parallel_for_fn& parallel_for) const {
+  // Two-level k-means of the rows of keys, then outliers (row numbers, increasing) taken out.
+  std::vector<cluster_members> partition(const row_matrix& keys, const parallel_for_fn& parallel_for,
+                                         std::vector<std::uint32_t>& outliers) const {
     const index_t n = static_cast<index_t>(keys.rows()), d = static_cast<index_t>(keys.cols());
     const index_t want_c = cfg_.clusters ? cfg_.clusters : static_cast<index_t>(std::lround(std::sqrt(double(n))));
     std::vector<float> mahalanobis(n, 0.f);
     std::vector<cluster_members> parts = two_level(keys, want_c, subclusters_per_cluster(n), parallel_for, &mahalanobis);
     // Outliers: far in the tail of their cluster's Gaussian, at most outlier_fraction of n.
     const double threshold = static_cast<double>(d) + cfg_.outlier_sigma * std::sqrt(2.0 * static_cast<double>(d));
-    std::vector<std::uint32_t> outliers;
+    outliers.clear();
     for (index_t i = 0; i < n; ++i)
       if (mahalanobis[i] > threshold) outliers.push_back(static_cast<std::uint32_t>(i));
     const auto cap = static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(n));
@@ -290,7 +352,6 @@ class mog_index {
       if (!subs.empty()) kept.push_back(std::move(subs));
     }
     std::sort(outliers.begin(), outliers.end());
-    for (auto i : outliers) kept.push_back(cluster_members{{i}});
     return kept;
   }
 
@@ -308,65 +369,87 @@ class mog_index {
     subclusters_ = member_begin_.size() - 1;
   }
 
-  // Exact moments of subclusters [s_first, subclusters()) (two passes in double) and of
-  // clusters [c_first, clusters()) by pooling their subclusters, plus the optional
-  // per-cluster value-key covariance. Summary arrays grow to the new group count; rows of
-  // earlier groups keep their values (cluster rows come first, so subcluster rows move).
-  template <KvView KV, class KeyOf>
-  void compute_moments(const KV& kv, const KeyOf& key_of, index_t s_first, index_t c_first, const parallel_for_fn& parallel_for) {
-    regroup(c_first, s_first);
-    const index_t new_subs = subclusters_ - s_first;
-    Eigen::MatrixXd sub_mean(static_cast<Eigen::Index>(d_), static_cast<Eigen::Index>(new_subs));
-    Eigen::MatrixXd sub_m2(static_cast<Eigen::Index>(d_), static_cast<Eigen::Index>(new_subs));
-    Eigen::MatrixXd sub_vsum(static_cast<Eigen::Index>(dv_), static_cast<Eigen::Index>(new_subs));
-    parallel_for(new_subs, [&](index_t j) {
-      const auto rows = members(s_first + j);
-      Eigen::VectorXd mean = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(d_));
-      Eigen::VectorXd m2 = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(d_));
-      Eigen::VectorXd vsum = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(dv_));
-      for (auto i : rows) mean += Eigen::Map<const Eigen::VectorXf>(key_of(i), static_cast<Eigen::Index>(d_)).cast<double>();
-      mean /= static_cast<double>(rows.size());
-      for (auto i : rows) {
-        m2 += (Eigen::Map<const Eigen::VectorXf>(key_of(i), static_cast<Eigen::Index>(d_)).cast<double>() - mean).array().square().matrix();
-        const auto* v = kv.value_row(i);
-        for (index_t t = 0; t < dv_; ++t) vsum[static_cast<Eigen::Index>(t)] += to_float(v[t]);
+  void clear_layout() {
+    clusters_ = subclusters_ = 0;
+    sub_begin_.assign(1, 0);
+    member_begin_.assign(1, 0);
+    members_.clear();
+    outliers_.clear();
+  }
+  void clear_summaries() {
+    summary_.clear();
+    scales_.clear();
+    counts_.clear();
+    log_counts_.clear();
+    cross_cov_.clear();
+  }
+  std::vector<index_t> clusters_from(index_t c_first) const {
+    std::vector<index_t> list(clusters_ - c_first);
+    std::iota(list.begin(), list.end(), c_first);
+    return list;
+  }
+  index_t row_width() const { return 2 * d_ + dv_; }
+  std::vector<float> decoded(index_t g, index_t part, index_t width) const {
+    std::vector<float> out(width);
+    detail::decode_halves(summary_.data() + g * row_width() + part * d_, scales_[3 * g + part], width, out.data());
+    return out;
+  }
+
+  // Exact moments (two passes in double, from the cache) of the listed clusters and their
+  // subclusters, plus the optional value-key covariance; the summary arrays must already
+  // have room for every group (regroup).
+  template <KvView KV>
+  void compute_moments(const KV& kv, const std::vector<index_t>& which, const parallel_for_fn& parallel_for) {
+    const auto d = static_cast<Eigen::Index>(d_), dv = static_cast<Eigen::Index>(dv_);
+    parallel_for(which.size(), [&](index_t w) {
+      const index_t c = which[w];
+      Eigen::VectorXd key(d), c_mean = Eigen::VectorXd::Zero(d), c_m2 = Eigen::VectorXd::Zero(d), c_vsum = Eigen::VectorXd::Zero(dv);
+      auto read_key = [&](index_t i) {
+        const auto* k = kv.key_row(i);
+        for (Eigen::Index t = 0; t < d; ++t) key[t] = to_float(k[t]);
+      };
+      index_t total = 0;
+      std::vector<std::pair<index_t, Eigen::VectorXd>> sub_means;
+      for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s) {
+        const auto rows = members(s);
+        Eigen::VectorXd mean = Eigen::VectorXd::Zero(d), m2 = Eigen::VectorXd::Zero(d), vsum = Eigen::VectorXd::Zero(dv);
+        for (auto i : rows) {
+          read_key(i);
+          mean += key;
+        }
+        mean /= static_cast<double>(rows.size());
+        for (auto i : rows) {
+          read_key(i);
+          m2 += (key - mean).array().square().matrix();
+          const auto* v = kv.value_row(i);
+          for (Eigen::Index t = 0; t < dv; ++t) vsum[t] += to_float(v[t]);
+        }
+        set_group(clusters_ + s, rows.size(), mean, m2, vsum);
+        c_m2 += m2;
+        c_vsum += vsum;
+        c_mean += static_cast<double>(rows.size()) * mean;
+        total += rows.size();
+        sub_means.emplace_back(rows.size(), std::move(mean));
       }
-      sub_mean.col(static_cast<Eigen::Index>(j)) = mean;
-      sub_m2.col(static_cast<Eigen::Index>(j)) = m2;
-      sub_vsum.col(static_cast<Eigen::Index>(j)) = vsum;
-      set_group(clusters_ + s_first + j, rows.size(), mean, m2, vsum);
-    });
-    for (index_t c = c_first; c < clusters_; ++c) {
-      require(sub_begin_[c] >= s_first, "index", "internal: cluster ", c, " has subclusters outside the new range");
-      const auto s0 = static_cast<Eigen::Index>(sub_begin_[c] - s_first), ns = static_cast<Eigen::Index>(sub_begin_[c + 1] - sub_begin_[c]);
-      Eigen::VectorXd w(ns);
-      for (Eigen::Index j = 0; j < ns; ++j) w[j] = counts_[clusters_ + sub_begin_[c] + static_cast<index_t>(j)];
-      const double total = w.sum();
-      const Eigen::VectorXd mean = sub_mean.middleCols(s0, ns) * w / total;
+      c_mean /= static_cast<double>(total);
       // Pooled second moment: within-subcluster spread plus the spread of subcluster means.
-      Eigen::VectorXd m2 = sub_m2.middleCols(s0, ns).rowwise().sum();
-      for (Eigen::Index j = 0; j < ns; ++j) m2 += w[j] * (sub_mean.col(s0 + j) - mean).array().square().matrix();
-      set_group(c, static_cast<index_t>(total), mean, m2, sub_vsum.middleCols(s0, ns).rowwise().sum());
-    }
-    if (!cfg_.cross_covariance) return;
-    parallel_for(clusters_ - c_first, [&](index_t j) {
-      const index_t c = c_first + j, nc = counts_[c];
-      Eigen::MatrixXd kc(static_cast<Eigen::Index>(nc), static_cast<Eigen::Index>(d_));
-      Eigen::MatrixXd vc(static_cast<Eigen::Index>(nc), static_cast<Eigen::Index>(dv_));
-      index_t r = 0;
+      for (const auto& [count, mean] : sub_means) c_m2 += static_cast<double>(count) * (mean - c_mean).array().square().matrix();
+      set_group(c, total, c_mean, c_m2, c_vsum);
+      if (!cfg_.cross_covariance) return;
+      const Eigen::VectorXd nu = c_vsum / static_cast<double>(total);
+      Eigen::MatrixXd kc(static_cast<Eigen::Index>(total), d), vc(static_cast<Eigen::Index>(total), dv);
+      Eigen::Index r = 0;
       for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s)
         for (auto i : members(s)) {
-          const float* k = key_of(i);
-          for (index_t t = 0; t < d_; ++t) kc(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(t)) = k[t] - mean(c)[t];
+          read_key(i);
+          kc.row(r) = (key - c_mean).transpose();
           const auto* v = kv.value_row(i);
-          for (index_t t = 0; t < dv_; ++t)
-            vc(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(t)) = to_float(v[t]) - value_mean(c)[t];
+          for (Eigen::Index t = 0; t < dv; ++t) vc(r, t) = to_float(v[t]) - nu[t];
           ++r;
         }
-      const Eigen::MatrixXd cov = vc.transpose() * kc / static_cast<double>(nc);  // [dv, d]
-      for (index_t a = 0; a < dv_; ++a)
-        for (index_t t = 0; t < d_; ++t)
-          cross_cov_[(c * dv_ + a) * d_ + t] = static_cast<float>(cov(static_cast<Eigen::Index>(a), static_cast<Eigen::Index>(t)));
+      const Eigen::MatrixXd cov = vc.transpose() * kc / static_cast<double>(total);  // [dv, d]
+      for (Eigen::Index a = 0; a < dv; ++a)
+        for (Eigen::Index t = 0; t < d; ++t) cross_cov_[(c * dv_ + static_cast<index_t>(a)) * d_ + static_cast<index_t>(t)] = static_cast<float>(cov(a, t));
     });
   }
 
@@ -381,8 +464,8 @@ class mog_index {
                   out.begin() + static_cast<std::ptrdiff_t>(clusters_ * width));
       v = std::move(out);
     };
-    grow(moments_, 2 * d_);
-    grow(value_means_, dv_);
+    grow(summary_, row_width());
+    grow(scales_, 3);
     grow(log_counts_, 1);
     grow(counts_, 1);
     if (cfg_.cross_covariance) cross_cov_.resize(clusters_ * dv_ * d_, 0.f);
@@ -392,25 +475,24 @@ class mog_index {
                  const Eigen::VectorXd& value_sum) {
     counts_[g] = static_cast<std::uint32_t>(count);
     log_counts_[g] = static_cast<float>(std::log(static_cast<double>(count)));
-    float* row = moments_.data() + g * 2 * d_;
-    for (index_t t = 0; t < d_; ++t) {
-      row[t] = static_cast<float>(mean[static_cast<Eigen::Index>(t)]);
-      row[d_ + t] = static_cast<float>(m2[static_cast<Eigen::Index>(t)] / static_cast<double>(count));
-    }
-    for (index_t j = 0; j < dv_; ++j)
-      value_means_[g * dv_ + j] = static_cast<float>(value_sum[static_cast<Eigen::Index>(j)] / static_cast<double>(count));
+    half* row = summary_.data() + g * row_width();
+    const Eigen::VectorXd var = m2 / static_cast<double>(count), nu = value_sum / static_cast<double>(count);
+    scales_[3 * g] = detail::encode_halves(mean.data(), d_, row);
+    scales_[3 * g + 1] = detail::encode_halves(var.data(), d_, row + d_);
+    scales_[3 * g + 2] = detail::encode_halves(nu.data(), dv_, row + 2 * d_);
   }
 
   // New tokens [first, first + keys.rows()) join their nearest cluster when they lie within
-  // the chi-square tail of its spread, then the nearest subcluster of it, with Welford
-  // updates of the moments. The others form new clusters of their own (a new topic must not
+  // the chi-square tail of its spread, then the nearest subcluster of it; the moments of
+  // the clusters that took tokens are recomputed from the cache (fp16 summaries cannot
+  // take running updates). The others form new clusters of their own (a new topic must not
   // swell an old cluster that happens to be nearest).
   template <KvView KV>
   void join_tokens(const KV& kv, const row_matrix& keys, index_t first, const parallel_for_fn& parallel_for) {
     const index_t count = static_cast<index_t>(keys.rows());
     const row_matrix placed = in_metric(keys);  // the metric the clusters were built in
-    row_matrix centres(static_cast<Eigen::Index>(clusters_), static_cast<Eigen::Index>(d_));
-    for (index_t c = 0; c < clusters_; ++c) centres.row(static_cast<Eigen::Index>(c)) = in_metric(mean_row(c));
+    const row_matrix centres = in_metric(mean_rows(0, clusters_));
+    const row_matrix sub_centres = in_metric(mean_rows(clusters_, subclusters_));
     std::vector<std::uint32_t> cluster_of;
     std::vector<float> sq_dist;
     detail::kmeans_assign(placed, centres, cluster_of, sq_dist, parallel_for);
@@ -418,29 +500,24 @@ class mog_index {
     const double join_factor = 1.0 + cfg_.join_sigma * std::sqrt(2.0 / static_cast<double>(d_));
     std::vector<std::int64_t> sub_of(count, -1);
     std::vector<std::uint32_t> novel;
-    std::vector<float> value(dv_);
+    std::vector<char> dirty(clusters_, 0);
     for (index_t r = 0; r < count; ++r) {
       const index_t c = cluster_of[r];
       if (sq_dist[r] > join_factor * spread_in_metric(c)) {
         novel.push_back(static_cast<std::uint32_t>(r));
         continue;
       }
-      const float* k = keys.data() + r * d_;
       index_t best = sub_begin_[c];
       float best_d2 = std::numeric_limits<float>::infinity();
       for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s) {
-        const float d2 = (placed.row(static_cast<Eigen::Index>(r)) - in_metric(mean_row(clusters_ + s))).squaredNorm();
+        const float d2 = (placed.row(static_cast<Eigen::Index>(r)) - sub_centres.row(static_cast<Eigen::Index>(s))).squaredNorm();
         if (d2 < best_d2) {
           best_d2 = d2;
           best = s;
         }
       }
       sub_of[r] = static_cast<std::int64_t>(best);
-      const auto* v = kv.value_row(first + r);
-      for (index_t j = 0; j < dv_; ++j) value[j] = to_float(v[j]);
-      if (has_cross_covariance()) welford_cross(c, k, value.data());
-      welford(c, k, value.data());
-      welford(clusters_ + best, k, value.data());
+      dirty[c] = 1;
       appended_sq_dist_ += sq_dist[r];
       ++joined_;
     }
@@ -461,24 +538,35 @@ class mog_index {
     members_ = std::move(merged);
     member_begin_ = std::move(begin);
 
+    std::vector<index_t> recompute;
+    for (index_t c = 0; c < clusters_; ++c)
+      if (dirty[c]) recompute.push_back(c);
+    const index_t c_first = clusters_, s_first = subclusters_;
     if (!novel.empty()) {  // new clusters of about the current mean size
       row_matrix fresh(static_cast<Eigen::Index>(novel.size()), static_cast<Eigen::Index>(d_));
       for (index_t j = 0; j < novel.size(); ++j) fresh.row(static_cast<Eigen::Index>(j)) = placed.row(novel[j]);
-      const index_t typical = std::max<index_t>(1, (n_ - sinks_) / std::max<index_t>(clusters_, 1));
+      const index_t typical = std::max<index_t>(1, (n_ - sinks_ - outliers_.size()) / std::max<index_t>(clusters_, 1));
       auto parts = two_level(fresh, (novel.size() + typical - 1) / typical, subclusters_per_cluster(n_), serial_for, nullptr);
       for (auto& cl : parts)
         for (auto& sub : cl)
           for (auto& p : sub) p = novel[p];  // batch row numbers
-      const index_t c_first = clusters_, s_first = subclusters_;
       add_clusters(parts, first);
-      compute_moments(kv, [&](index_t i) { return keys.row(static_cast<Eigen::Index>(i - first)).data(); }, s_first, c_first,
-                      serial_for);
+      regroup(c_first, s_first);
+      for (index_t c = c_first; c < clusters_; ++c) recompute.push_back(c);
     }
+    compute_moments(kv, recompute, parallel_for);
     n_ = first + count;
     appended_ += count;
   }
 
-  Eigen::Map<const Eigen::RowVectorXf> mean_row(index_t g) const { return {mean(g), static_cast<Eigen::Index>(d_)}; }
+  // Decoded key means of groups [first, first + count), one per row.
+  row_matrix mean_rows(index_t first, index_t count) const {
+    row_matrix out(static_cast<Eigen::Index>(count), static_cast<Eigen::Index>(d_));
+    for (index_t g = 0; g < count; ++g)
+      detail::decode_halves(summary_.data() + (first + g) * row_width(), scales_[3 * (first + g)], d_,
+                            out.row(static_cast<Eigen::Index>(g)).data());
+    return out;
+  }
 
   // A cluster's mean squared distance of members to its mean, in the clustering metric:
   // tr(L^T Sigma L) with the diagonal Sigma; clusters of one borrow the build-wide mean.
@@ -486,7 +574,8 @@ class mog_index {
     return counts_[c] < 2 ? static_cast<float>(built_mean_sq_dist_) : metric_spread(c);
   }
   float metric_spread(index_t c) const {
-    const Eigen::Map<const Eigen::VectorXf> var(variance(c), static_cast<Eigen::Index>(d_));
+    const std::vector<float> v = variance(c);
+    const Eigen::Map<const Eigen::VectorXf> var(v.data(), static_cast<Eigen::Index>(d_));
     if (!metric_.size()) return var.sum();
     return (metric_.array().square().colwise() * var.array()).sum();
   }
@@ -496,9 +585,9 @@ class mog_index {
   // moments, which are recomputed from the cache with the new layout.
   template <KvView KV>
   void split_oversized(const KV& kv) {
-    const double typical = static_cast<double>(n_at_build_ - sinks_) / static_cast<double>(std::max<index_t>(built_clusters_, 1));
-    const double typical_sub =
-        static_cast<double>(n_at_build_ - sinks_) / static_cast<double>(std::max<index_t>(built_subclusters_, 1));
+    const auto clustered = static_cast<double>(n_at_build_ - sinks_ - outliers_.size());
+    const double typical = clustered / static_cast<double>(std::max<index_t>(built_clusters_, 1));
+    const double typical_sub = clustered / static_cast<double>(std::max<index_t>(built_subclusters_, 1));
     auto swollen_group = [&](index_t c) {
       if (static_cast<double>(counts_[c]) > cfg_.split_factor * typical) return true;
       for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s)
@@ -533,55 +622,25 @@ class mog_index {
         parts.push_back(std::move(piece));
       }
     }
-    clusters_ = subclusters_ = 0;
-    sub_begin_.assign(1, 0);
-    member_begin_.assign(1, 0);
-    members_.clear();
+    const std::vector<std::uint32_t> outliers = outliers_;
+    clear_layout();
+    outliers_ = outliers;
     add_clusters(parts, 0);
-    moments_.clear();
-    value_means_.clear();
-    counts_.clear();
-    log_counts_.clear();
-    cross_cov_.clear();
-    compute_moments(kv, [&](index_t i) { return keys.row(static_cast<Eigen::Index>(i)).data(); }, 0, 0, serial_for);
-  }
-
-  void welford(index_t g, const float* k, const float* v) {
-    const double n1 = static_cast<double>(counts_[g]) + 1.0;
-    float* mu = moments_.data() + g * 2 * d_;
-    float* var = mu + d_;
-    for (index_t t = 0; t < d_; ++t) {
-      const double delta = k[t] - mu[t];
-      const double mu1 = mu[t] + delta / n1;
-      var[t] = static_cast<float>(((n1 - 1.0) * var[t] + delta * (k[t] - mu1)) / n1);
-      mu[t] = static_cast<float>(mu1);
-    }
-    float* nu = value_means_.data() + g * dv_;
-    for (index_t j = 0; j < dv_; ++j) nu[j] = static_cast<float>(nu[j] + (v[j] - static_cast<double>(nu[j])) / n1);
-    counts_[g] += 1;
-    log_counts_[g] = static_cast<float>(std::log(n1));
-  }
-
-  // Co-moment update, before welford() moves the means: C' = (n C + (v - nu') (k - mu)^T) / (n + 1).
-  void welford_cross(index_t c, const float* k, const float* v) {
-    const double n = counts_[c], n1 = n + 1.0;
-    float* cov = cross_cov_.data() + c * dv_ * d_;
-    for (index_t j = 0; j < dv_; ++j) {
-      const double dvj = v[j] - (value_mean(c)[j] + (v[j] - static_cast<double>(value_mean(c)[j])) / n1);
-      for (index_t t = 0; t < d_; ++t)
-        cov[j * d_ + t] = static_cast<float>((n * cov[j * d_ + t] + dvj * (k[t] - static_cast<double>(mean(c)[t]))) / n1);
-    }
+    clear_summaries();
+    regroup(0, 0);
+    compute_moments(kv, clusters_from(0), serial_for);
   }
 
   mog_config cfg_{};
   index_t d_ = 0, dv_ = 0, n_ = 0, sinks_ = 0, clusters_ = 0, subclusters_ = 0;
-  std::vector<float> moments_;            // [groups, 2d]: key mean | key variance
-  std::vector<float> value_means_;        // [groups, dv]
+  std::vector<half> summary_;             // [groups, 2d + dv]: key mean | key variance | value mean, each / its scale
+  std::vector<float> scales_;             // [groups, 3]: powers of two
   std::vector<float> log_counts_;         // [groups]
   std::vector<std::uint32_t> counts_;     // [groups]
   std::vector<std::uint32_t> sub_begin_;  // [clusters + 1]
   std::vector<std::uint32_t> member_begin_;  // [subclusters + 1]
-  std::vector<std::uint32_t> members_;    // [tokens] positions, subcluster by subcluster
+  std::vector<std::uint32_t> members_;    // [clustered tokens] positions, subcluster by subcluster
+  std::vector<std::uint32_t> outliers_;   // positions of exact outlier tokens, increasing
   std::vector<float> cross_cov_;          // [clusters, dv, d] when configured
   row_matrix metric_;                     // [d, d] L of the query metric, empty for Euclidean
   index_t n_at_build_ = 0, appended_ = 0, joined_ = 0, built_clusters_ = 0, built_subclusters_ = 0;

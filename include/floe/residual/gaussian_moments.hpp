@@ -63,10 +63,12 @@ struct gaussian_moments {
       for (index_t j = 0; j < groups; ++j) top[h] = std::max(top[h], static_cast<double>(sel.residual_log_mass[h * groups + j]));
 
     std::vector<double> shift(dv);
-    std::uint64_t bytes = groups * dv * sizeof(float);
+    std::vector<float> value_mean(dv);
+    const float* nu = value_mean.data();
+    std::uint64_t bytes = groups * (dv * sizeof(half) + sizeof(float));  // fp16 value mean and its scale
     for (index_t j = 0; j < groups; ++j) {
       const index_t g = sel.residual_groups[j];
-      const float* nu = idx.value_mean(g);
+      idx.decode_value_mean(g, value_mean.data());
       const bool corrected = use_cov && g < idx.clusters();
       if (corrected) bytes += dv * d * sizeof(float);
       for (index_t h = 0; h < heads; ++h) {

@@ -74,9 +74,9 @@ struct mog_clusters {
       out.add(0, n);
       return;
     }
-    const index_t always = idx.sinks() + (n - tail_begin), heads = q.heads, clusters = idx.clusters();
-    index_t left = b > always ? b - always : 0;  // sinks and tail are exact whatever the budget
-    const group_scorer scorer(idx, q, optimism);
+    const index_t always = idx.sinks() + idx.outliers().size() + (n - tail_begin), heads = q.heads, clusters = idx.clusters();
+    index_t left = b > always ? b - always : 0;  // sinks, outliers and tail are exact whatever the budget
+    group_scorer scorer(idx, q, optimism);
 
     // Clusters: estimated log-mass and priority per head.
     scores cl = scorer.rows(0, clusters);
@@ -127,8 +127,10 @@ struct mog_clusters {
         },
         maximin);
 
-    // Exact set: sinks, members of chosen subclusters in increasing position, the tail.
+    // Exact set: sinks, outliers and members of chosen subclusters in increasing position, the tail.
     std::vector<std::uint64_t> marks((tail_begin + 63) / 64, 0);
+    for (auto p : idx.outliers()) marks[p >> 6] |= std::uint64_t{1} << (p & 63);
+    st.summary_bytes += idx.outliers().size() * sizeof(std::uint32_t);
     for (index_t j = 0; j < candidates; ++j)
       if (chosen[j])
         for (auto p : idx.members(cand[j])) marks[p >> 6] |= std::uint64_t{1} << (p & 63);
@@ -215,14 +217,14 @@ struct mog_clusters {
   };
 
   // lam = log n_g + [mean | var] . [s q | s^2 q^2 / 2]; pri the same with `optimism` x the
-  // variance term. One matrix product over the groups' summary rows for all heads.
+  // variance term. The groups' fp16 rows are decoded a block at a time, then one matrix
+  // product per block for all heads.
   class group_scorer {
    public:
     group_scorer(const mog_index& idx, const query_group& q, double optimism)
         : idx_(idx), heads_(q.heads),
-          moments_(idx.moments(), static_cast<Eigen::Index>(idx.groups()), static_cast<Eigen::Index>(2 * idx.d())),
-          log_counts_(idx.log_counts(), static_cast<Eigen::Index>(idx.groups())),
-          w_(static_cast<Eigen::Index>(2 * idx.d()), static_cast<Eigen::Index>((optimism == 1.0 ? 1 : 2) * q.heads)) {
+          w_(static_cast<Eigen::Index>(2 * idx.d()), static_cast<Eigen::Index>((optimism == 1.0 ? 1 : 2) * q.heads)),
+          block_(block_rows, static_cast<Eigen::Index>(2 * idx.d())) {
       const index_t d = idx.d();
       for (index_t h = 0; h < heads_; ++h)
         for (index_t t = 0; t < d; ++t) {
@@ -239,30 +241,27 @@ struct mog_clusters {
     }
 
     // Groups [first, first + count).
-    scores rows(index_t first, index_t count) const {
-      const auto f = static_cast<Eigen::Index>(first), k = static_cast<Eigen::Index>(count);
-      Eigen::MatrixXf p = moments_.middleRows(f, k) * w_;
-      p.colwise() += log_counts_.segment(f, k);
-      return finish(std::move(p));
+    scores rows(index_t first, index_t count) {
+      std::vector<std::uint32_t> groups(count);
+      std::iota(groups.begin(), groups.end(), static_cast<std::uint32_t>(first));
+      return rows_of(groups, 0);
     }
 
-    // Subclusters `subs` (numbered from 0; group offset `first_sub_group`), which come in
-    // runs of consecutive numbers: one product per run.
-    scores rows_of(const std::vector<std::uint32_t>& subs, index_t first_sub_group) const {
+    // Subclusters `subs` (numbered from 0; group offset `first_sub_group`).
+    scores rows_of(const std::vector<std::uint32_t>& subs, index_t first_sub_group) {
       Eigen::MatrixXf p(static_cast<Eigen::Index>(subs.size()), w_.cols());
-      for (index_t j = 0; j < subs.size();) {
-        index_t e = j + 1;
-        while (e < subs.size() && subs[e] == subs[e - 1] + 1) ++e;
-        const auto g0 = static_cast<Eigen::Index>(first_sub_group + subs[j]), k = static_cast<Eigen::Index>(e - j);
-        p.middleRows(static_cast<Eigen::Index>(j), k).noalias() = moments_.middleRows(g0, k) * w_;
-        p.middleRows(static_cast<Eigen::Index>(j), k).colwise() += log_counts_.segment(g0, k);
-        j = e;
+      for (index_t j = 0; j < subs.size(); j += block_rows) {
+        const auto k = static_cast<Eigen::Index>(std::min<index_t>(block_rows, subs.size() - j));
+        for (Eigen::Index r = 0; r < k; ++r) idx_.decode_moments(first_sub_group + subs[j + static_cast<index_t>(r)], block_.row(r).data());
+        p.middleRows(static_cast<Eigen::Index>(j), k).noalias() = block_.topRows(k) * w_;
+        for (Eigen::Index r = 0; r < k; ++r)
+          p.row(static_cast<Eigen::Index>(j) + r).array() += idx_.log_counts()[first_sub_group + subs[j + static_cast<index_t>(r)]];
       }
       return finish(std::move(p));
     }
 
-    // Summary bytes read to score `count` groups: mean, variance and count.
-    std::uint64_t bytes(index_t count) const { return count * (2 * idx_.d() + 1) * sizeof(float); }
+    // Summary bytes read to score `count` groups: fp16 mean and variance, their two scales, log count.
+    std::uint64_t bytes(index_t count) const { return count * (2 * idx_.d() * sizeof(half) + 3 * sizeof(float)); }
 
    private:
     scores finish(Eigen::MatrixXf p) const {
@@ -273,11 +272,11 @@ struct mog_clusters {
       s.log_z = log_sum_exp_cols(s.lam);
       return s;
     }
+    static constexpr Eigen::Index block_rows = 64;
     const mog_index& idx_;
     index_t heads_;
-    Eigen::Map<const row_matrix> moments_;
-    Eigen::Map<const Eigen::VectorXf> log_counts_;
     Eigen::MatrixXf w_;
+    row_matrix block_;  // decoded [mean | variance] rows
   };
 
   static Eigen::RowVectorXf log_sum_exp_cols(const Eigen::MatrixXf& lam) {
