@@ -8,7 +8,12 @@
 //   pages       same D^, N^ = sum over pages of 16 of (the page's left-out D^) x (its
 //               left-out mean value);
 //   true value  same D^, N^ = D^ x the true weighted left-out mean value: what D^ alone
-//               is worth, a bound no value summary can beat.
+//               is worth, a bound no value summary can beat;
+//   tier        also reads the values (not the keys) of the m left-out tokens ranked next
+//               by the group's shared estimate (m = the middle's top-k count, so half the
+//               exact part's bytes again): they enter with their estimated weights;
+//   tier+mean   tier, and the rest of the left-out tokens as in `mean`.
+// At equal bytes, tier at budget b compares with none at budget 1.5 b.
 // Value sums of the left-out tokens are exact here (a real index would keep page sums
 // and subtract what the exact part read). Errors are p90 per attention-entropy bucket.
 // With --norms it prints instead, per (layer, KV head), the mean scaled squared norms
@@ -30,7 +35,8 @@ namespace {
 using namespace floe;
 using selector = select::topk_anchors<select::quantized_scan>;
 constexpr index_t page = 16;
-const char* const variants[] = {"none", "mean", "pages", "true value"};
+const char* const variants[] = {"none", "mean", "pages", "true value", "tier", "tier+mean"};
+constexpr int variant_count = 6;
 
 double relative_l2(const std::vector<double>& got, const std::vector<double>& want) {
   double num = 0, den = 0;
@@ -49,7 +55,7 @@ double p90(std::vector<double> v) {
 
 struct sample {
   double entropy;
-  double error[4];
+  double error[variant_count];
 };
 
 // Every query head of one KV head and step: the four outputs' errors.
@@ -66,11 +72,28 @@ void probe(const KV& kv, const query_group& q, const selector& sel, const select
   const token_range mid = chosen.middle;
   std::vector<float> estimate(q.heads * mid.size()), radius(estimate.size()), z(n);
   idx.scan(idx.prepare(q), mid.begin, mid.end, estimate.data(), radius.data(), mid.size());
+  // The value tier: the left-out middle tokens with the largest shared estimate.
+  const index_t m_tier = chosen.count() > 0 ? std::min<index_t>(mid.size(), chosen.count()) : 0;
+  std::vector<char> tier(n, 0);
+  {
+    std::vector<float> c(q.heads, -1e30f), shared(mid.size(), -1e30f);
+    for (index_t h = 0; h < q.heads; ++h)
+      for (index_t i = 0; i < mid.size(); ++i) c[h] = std::max(c[h], estimate[h * mid.size() + i]);
+    for (index_t h = 0; h < q.heads; ++h)
+      for (index_t i = 0; i < mid.size(); ++i) shared[i] = std::max(shared[i], estimate[h * mid.size() + i] - c[h]);
+    std::vector<index_t> order;
+    for (index_t i = 0; i < mid.size(); ++i)
+      if (!exact[mid.begin + i]) order.push_back(i);
+    const index_t take = std::min<index_t>(m_tier, order.size());
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(take), order.end(),
+                      [&](index_t a, index_t b) { return shared[a] > shared[b]; });
+    for (index_t j = 0; j < take; ++j) tier[mid.begin + order[j]] = 1;
+  }
   for (index_t h = 0; h < q.heads; ++h) {
     exec::scalar{}.score(kv, q, h, {0, n}, z.data());
     const double top = *std::max_element(z.begin(), z.end());
-    double d_exact = 0, d_left = 0, d_hat = 0, entropy = 0, left_count = 0;
-    std::vector<double> n_exact(dv, 0), n_left(dv, 0), v_left(dv, 0), n_pages(dv, 0);
+    double d_exact = 0, d_left = 0, d_hat = 0, entropy = 0, left_count = 0, d_tier = 0, d_rest = 0, rest_count = 0;
+    std::vector<double> n_exact(dv, 0), n_left(dv, 0), v_left(dv, 0), n_pages(dv, 0), n_tier(dv, 0), v_rest(dv, 0);
     std::vector<double> page_mass((n + page - 1) / page, 0), page_count(page_mass.size(), 0),
         page_sum(page_mass.size() * dv, 0);
     for (index_t i = 0; i < n; ++i) {
@@ -85,6 +108,14 @@ void probe(const KV& kv, const query_group& q, const selector& sel, const select
       d_left += w;
       d_hat += w_hat;
       left_count += 1;
+      if (tier[i]) {
+        d_tier += w_hat;
+        for (index_t j = 0; j < dv; ++j) n_tier[j] += w_hat * to_float(v[j]);
+      } else {
+        d_rest += w_hat;
+        rest_count += 1;
+        for (index_t j = 0; j < dv; ++j) v_rest[j] += to_float(v[j]);
+      }
       page_mass[i / page] += w_hat;
       page_count[i / page] += 1;
       for (index_t j = 0; j < dv; ++j) {
@@ -100,7 +131,7 @@ void probe(const KV& kv, const query_group& q, const selector& sel, const select
       const double w = std::exp(static_cast<double>(z[i]) - top) / (d_exact + d_left);
       if (w > 0) entropy -= w * std::log(w);
     }
-    std::vector<double> want(dv), got[4];
+    std::vector<double> want(dv), got[variant_count];
     for (auto& g : got) g.resize(dv);
     for (index_t j = 0; j < dv; ++j) {
       want[j] = (n_exact[j] + n_left[j]) / (d_exact + d_left);
@@ -108,9 +139,12 @@ void probe(const KV& kv, const query_group& q, const selector& sel, const select
       got[1][j] = (n_exact[j] + d_hat * v_left[j] / left_count) / (d_exact + d_hat);
       got[2][j] = (n_exact[j] + n_pages[j]) / (d_exact + d_hat);
       got[3][j] = (n_exact[j] + d_hat * n_left[j] / d_left) / (d_exact + d_hat);
+      got[4][j] = (n_exact[j] + n_tier[j]) / (d_exact + d_tier);
+      got[5][j] = (n_exact[j] + n_tier[j] + (rest_count > 0 ? d_rest * v_rest[j] / rest_count : 0.0)) /
+                  (d_exact + d_tier + d_rest);
     }
     sample s{entropy, {}};
-    for (int k = 0; k < 4; ++k) s.error[k] = relative_l2(got[k], want);
+    for (int k = 0; k < variant_count; ++k) s.error[k] = relative_l2(got[k], want);
     out.push_back(s);
   }
 }
@@ -169,7 +203,7 @@ int main(int argc, char** argv) {
             for (index_t t = 0; t < dump.steps; ++t) probe(kv, dump.queries_of(h, t), sel, idx, samples);
           });
       }
-      for (int k = 0; k < 4; ++k) {
+      for (int k = 0; k < variant_count; ++k) {
         std::vector<double> all, low, high;
         for (const auto& s : samples) {
           all.push_back(s.error[k]);

@@ -1,7 +1,7 @@
 // topk-entropy-eval: floe-eval's measurements split by the attention entropy of each
 // (query head, step), and selection-only against completion at equal bytes read.
 // Takes floe-eval's options (--data, --synthetic, --methods, --budgets, ...). For every
-// method named "X+feature_map..." it also runs "X+none" at the budget that reads as
+// method named "X+feature_map..." or "X+scan_completion" it also runs "X+none" at the budget that reads as
 // many bytes (the summary's bytes turned into extra exact tokens), so that the two are
 // compared at equal token-equivalent bytes. docs/methods/retrieval-completion.md.
 #include <algorithm>
@@ -88,11 +88,12 @@ std::vector<double> in_bucket(const run_result& r, const bucket& b) {
   return e;
 }
 
-// The "X+none" partner of a completion method "X+feature_map...", or "" if there is none.
+// The "X+none" partner of a completion method "X+feature_map..." or "X+scan_completion", or "".
 std::string partner_of(const std::string& name, const std::vector<method_entry<exec_t>>& methods) {
   std::string base;
   if (name.rfind("q+", 0) == 0) base = "topk_anchors:quantized_scan";
   else if (const auto at = name.find("+feature_map"); at != std::string::npos) base = name.substr(0, at);
+  else if (const auto at2 = name.find("+scan_completion"); at2 != std::string::npos) base = name.substr(0, at2);
   if (base.empty()) return "";
   for (const auto& m : methods)
     if (m.name == base + "+none") return m.name;

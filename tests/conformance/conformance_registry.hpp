@@ -8,6 +8,12 @@
 
 namespace floe::conformance {
 
+// topk_anchors reading everything: one sink, a one-token window, the whole middle.
+inline select::topk_anchors<select::quantized_scan> anchored_full(index_t n) {
+  if (n < 3) return {0, 0, budget::tokens(n), {}};
+  return {1, 1, budget::tokens(n - 2), {}};
+}
+
 // Factories: n -> an estimator whose budget covers all n tokens.
 inline auto full_budget_estimators() {
   return std::tuple{
@@ -16,6 +22,8 @@ inline auto full_budget_estimators() {
       [](index_t n) { return estimator<select::streaming, residual::none>({n, 0}, {}); },
       [](index_t n) { return estimator<select::oracle_topk, residual::none>({n}, {}); },
       [](index_t n) { return estimator<select::mog_clusters, residual::gaussian_moments>(select::mog_clusters::with_budget(budget::fraction(1.0), n), {}); },
+      [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::feature_map<>>(anchored_full(n), {}); },
+      [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::scan_completion>(anchored_full(n), {}); },
   };
 }
 

@@ -18,6 +18,7 @@
 #include "floe/core/softmax_partial.hpp"
 #include "floe/core/stats.hpp"
 #include "floe/index/feature_map_summary.hpp"
+#include "floe/residual/anchored_region.hpp"
 #include "floe/residual/feature_maps/positive_random.hpp"
 
 namespace floe::residual {
@@ -45,26 +46,9 @@ struct feature_map {
 
   using index = feature_map_summary;
 
-  // The summarised region: between the selector's sink and tail window when it has them
-  // (topk_anchors, streaming), else the whole cache.
-  template <class S>
-  static token_range region_of(const S& selector, index_t n) {
-    if constexpr (requires { selector.sink; selector.window; }) {
-      const index_t b = std::min<index_t>(selector.sink, n);
-      return {b, std::max(b, n - std::min<index_t>(selector.window, n))};
-    } else {
-      return {0, n};
-    }
-  }
-  template <class S>
-  static index_t window_of(const S& selector) {
-    if constexpr (requires { selector.window; }) return selector.window;
-    else return 0;
-  }
-
   template <KvView KV, class S>
   index build(const KV& kv, const S& selector, const typename S::index&) const {
-    const token_range region = region_of(selector, kv.n());
+    const token_range region = anchored_region(selector, kv.n());
     const double s = scale > 0.f ? scale : 1.0 / std::sqrt(static_cast<double>(kv.d()));
     require(std::isfinite(s) && s > 0.0, "scale", "must be finite and positive, got ", s);
     // The centre c: the region's key mean, accumulated in double.
@@ -84,7 +68,7 @@ struct feature_map {
         const double x = to_float(kv.key_row(i)[t]) - mean[static_cast<Eigen::Index>(t)];
         moments.mean_sq_centred += x * x / count;
       }
-    return feature_map_summary::build(kv, region, window_of(selector), map.draw(moments), mean.cast<float>());
+    return feature_map_summary::build(kv, region, anchored_window(selector), map.draw(moments), mean.cast<float>());
   }
 
   template <KvView KV, class Selection, class Exec, class Acc>

@@ -34,6 +34,9 @@ concept MiddleScorer = requires(const Sc& s, const typename Sc::index& idx) {
 struct anchored_selection : floe::selection {
   token_range middle;
   std::vector<token_range> retrieved;
+  // The scorer's score per head for every middle token, [heads, middle.size()], when it
+  // makes one (quantized_scan: 4-bit estimates; exact_scan: exact), else empty.
+  std::vector<float> estimates;
 };
 
 namespace detail {
@@ -89,6 +92,7 @@ struct topk_anchors {
               stats& io) const {
     out.clear();
     out.retrieved.clear();
+    out.estimates.clear();
     validate_query(q, kv.d());
     check_anchors(kv.n());
     const index_t n = kv.n();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "floe/core/budget.hpp"
@@ -33,9 +34,10 @@ struct exact_scan {
   // Adds the chosen tokens of `middle` to `out` in increasing order: the k of largest
   // shared score (k from the budget when it is a mass budget). Returns true: the keys
   // of every chosen token were read, and counted, while choosing.
-  template <KvView KV, class Exec>
+  // A selection with an `estimates` member keeps the exact scores there.
+  template <KvView KV, class Exec, class Selection>
   bool choose(const index&, const KV& kv, const query_group& q, const Exec& exec, token_range middle, index_t k,
-              const budget& b, selection& out, stats& io) const {
+              const budget& b, Selection& out, stats& io) const {
     const index_t n = middle.size();
     std::vector<float> z(q.heads * n);
     for (index_t h = 0; h < q.heads; ++h) exec.score(kv, q, h, middle, z.data() + h * n);
@@ -44,6 +46,7 @@ struct exact_scan {
     std::vector<float> shared(n);
     ranking::shared_scores(z.data(), q.heads, n, n, ranking::head_maxima(z.data(), q.heads, n, n), shared.data());
     for (index_t i : ranking::top_k(shared.data(), n, k)) out.add(middle.begin + i, middle.begin + i + 1);
+    if constexpr (requires { out.estimates; }) out.estimates = std::move(z);
     return true;
   }
 };

@@ -42,8 +42,9 @@ struct quantized_scan {
     std::vector<float> offsets;   // c_h: head h's largest estimate
   };
 
+  // The estimates go to `keep` ([heads, middle.size()]) when given, else to scratch.
   candidate_set candidates(const index& idx, const query_group& q, token_range middle, index_t k, const budget& b,
-                           stats& io) const {
+                           stats& io, std::vector<float>* keep = nullptr) const {
     struct estimate_tag;
     struct radius_tag;
     struct lower_tag;
@@ -51,7 +52,8 @@ struct quantized_scan {
     struct shared_tag;
     const index_t n = middle.size(), g = q.heads;
     candidate_set cs;
-    float* estimate = ranking::scratch<estimate_tag>(g * n);
+    if (keep) keep->resize(g * n);
+    float* estimate = keep ? keep->data() : ranking::scratch<estimate_tag>(g * n);
     float* radius = ranking::scratch<radius_tag>(g * n);
     idx.scan(idx.prepare(q), middle.begin, middle.end, estimate, radius, n);
     io.summary_bytes += static_cast<std::uint64_t>(n) * idx.bytes_per_token();
@@ -94,11 +96,14 @@ struct quantized_scan {
 
   // Adds the chosen tokens of `middle` to `out` in increasing order. Returns true when
   // the exact keys of every chosen token were read (and counted) for the re-rank.
-  template <KvView KV, class Exec>
+  // A selection with an `estimates` member keeps the scan's estimates there.
+  template <KvView KV, class Exec, class Selection>
   bool choose(const index& idx, const KV& kv, const query_group& q, const Exec&, token_range middle, index_t k,
-              const budget& b, selection& out, stats& io) const {
+              const budget& b, Selection& out, stats& io) const {
     require(idx.d() == kv.d(), "index", "4-bit keys of d = ", idx.d(), " for a cache of d = ", kv.d());
-    const candidate_set cs = candidates(idx, q, middle, k, b, io);
+    std::vector<float>* keep = nullptr;
+    if constexpr (requires { out.estimates; }) keep = &out.estimates;
+    const candidate_set cs = candidates(idx, q, middle, k, b, io, keep);
     k = cs.k;
     if (k >= middle.size()) {
       out.add(middle.begin, middle.end);
