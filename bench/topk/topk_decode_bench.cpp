@@ -19,6 +19,7 @@
 #include "floe/exec/thread_pool.hpp"
 #include "floe/residual/feature_map.hpp"
 #include "floe/residual/none.hpp"
+#include "floe/residual/scan_completion.hpp"
 #include "floe/select/dense.hpp"
 #include "floe/select/scorers/quantized_scan.hpp"
 #include "floe/select/topk_anchors.hpp"
@@ -112,6 +113,10 @@ void topk_quantized_feature_map(benchmark::State& s) {
   fm.map.features = static_cast<index_t>(s.range(0));
   run(s, floe::estimator<sel, floe::residual::feature_map<>>(five_percent(data().n), fm));
 }
+void topk_quantized_scan_completion(benchmark::State& s) {
+  using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
+  run(s, floe::estimator<sel, floe::residual::scan_completion>(five_percent(data().n), {}));
+}
 // The phases of one topk_anchors<quantized_scan>+feature_map step, timed apart over the
 // same heads: choosing (4-bit scan, bounds, re-rank), attending the chosen tokens, and
 // the feature-map estimate.
@@ -177,6 +182,7 @@ BENCHMARK(phase_attend)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(phase_feature_map)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_none)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_scan_completion)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_feature_map)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check
 

@@ -16,6 +16,7 @@
 #include "floe/io/kv_dump.hpp"
 #include "floe/residual/feature_map.hpp"
 #include "floe/residual/feature_maps/optimized_positive_random.hpp"
+#include "floe/residual/scan_completion.hpp"
 #include "floe/select/scorers/quantized_scan.hpp"
 #include "floe/select/topk_anchors.hpp"
 #include "floe/testing/synthetic_kv.hpp"
@@ -55,9 +56,18 @@ method_entry<exec_t> rerank_with(const std::string& name, double factor) {
   });
 }
 
+// quantized_scan+scan_completion with another value tier.
+method_entry<exec_t> tier_with(const std::string& name, double tier) {
+  using sel = select::topk_anchors<select::quantized_scan>;
+  return method<exec_t>(name, "sweep", [tier](budget b, index_t n) {
+    return estimator<sel, residual::scan_completion>{sel::with_budget(b.resolve(n)), {tier}};
+  });
+}
+
 std::vector<method_entry<exec_t>> all_methods() {
   auto m = registered_methods<exec_t>();
   for (double f : {1.0, 1.25, 1.5, 2.0, 4.0}) m.push_back(rerank_with("q-rerank" + std::to_string(f).substr(0, 4), f));
+  for (double t : {0.25, 0.5, 2.0, 4.0}) m.push_back(tier_with("q+tier" + std::to_string(t).substr(0, 4), t));
   for (index_t f : {32, 64, 128, 256, 512}) {
     m.push_back(quantized_with<residual::positive_random>("q+prf" + std::to_string(f), f));
     m.push_back(quantized_with<residual::optimized_positive_random>("q+oprf" + std::to_string(f), f));

@@ -58,7 +58,7 @@ TEST_CASE("scan_completion matches its formula and counts the tier's value bytes
   const auto qd = floe::testing::random_floats(g, heads * d, 2.f);
   const auto q = floe::query_group::make(qd.data(), heads, d);
   const topk_anchors<quantized_scan> sel{4, 32, floe::budget::tokens(60), {}};
-  const scan_completion res{0.5};
+  const scan_completion res{0.5};  // not the default: exercises the tier cut
   completed<quantized_scan> est(sel, res);
   floe::stats with, without;
   const auto got = floe::testing::decode_output(est, est.build(kv), kv, q, with);

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include <xsimd/xsimd.hpp>
+
 #include "floe/core/error.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
@@ -28,8 +30,10 @@ namespace floe::residual {
 
 struct scan_completion {
   static constexpr std::string_view name = "scan_completion";
-  // Value-only tokens per exact token: 1 reads half the exact part's bytes again.
-  double value_tier = 1.0;
+  // Value-only tokens per exact token: 2 reads as many bytes again as the exact part
+  // when d = dv. At equal bytes a larger tier beats more exact tokens on the SmolLM2
+  // dumps up to about 4 (docs/methods/retrieval-completion.md, "value tier").
+  double value_tier = 2.0;
 
   using index = value_sum;
 
@@ -64,17 +68,31 @@ struct scan_completion {
     for (const token_range& r : sel.retrieved)
       for (index_t i = r.begin; i < r.end; ++i) role[i - mid.begin] = 1;
 
-    // Per-head reference c_h (largest left-out estimate) and the group's shared score.
+    // skip[i]: 0 for a left-out token, -inf for one read, added to its estimates so the
+    // passes below run branch-free in vector lanes.
     const float none = -std::numeric_limits<float>::infinity();
+    thread_local std::vector<float> skip;
+    skip.resize(n);
+    for (index_t i = 0; i < n; ++i) skip[i] = role[i] == 0 ? 0.f : none;
+    // Per-head reference c_h (largest left-out estimate) and the group's shared score.
     std::vector<float> c(g, none);
-    for (index_t h = 0; h < g; ++h)
-      for (index_t i = 0; i < n; ++i)
-        if (role[i] == 0) c[h] = std::max(c[h], e[h * n + i]);
+    for (index_t h = 0; h < g; ++h) {
+      float top[16];  // independent lanes, so the loop vectorises
+      std::fill(top, top + 16, none);
+      index_t i = 0;
+      for (; i + 16 <= n; i += 16)
+        for (index_t l = 0; l < 16; ++l) top[l] = std::max(top[l], e[h * n + i + l] + skip[i + l]);
+      for (; i < n; ++i) top[0] = std::max(top[0], e[h * n + i] + skip[i]);
+      c[h] = *std::max_element(top, top + 16);
+    }
     thread_local std::vector<float> shared;
     shared.assign(n, none);
-    for (index_t h = 0; h < g; ++h)
-      for (index_t i = 0; i < n; ++i)
-        if (role[i] == 0) shared[i] = std::max(shared[i], e[h * n + i] - c[h]);
+    for (index_t h = 0; h < g; ++h) {
+      const float* __restrict eh = e + h * n;
+      float* __restrict out = shared.data();
+      const float* __restrict sk = skip.data();
+      for (index_t i = 0; i < n; ++i) out[i] = std::max(out[i], eh[i] - c[h] + sk[i]);
+    }
     const index_t left = n - read_in_middle;
     const index_t tier = std::min<index_t>(
         left, static_cast<index_t>(std::llround(value_tier * static_cast<double>(sel.count()))));
@@ -82,25 +100,52 @@ struct scan_completion {
       const float bar = select::ranking::kth_largest(shared.data(), n, tier);
       index_t taken = 0;
       for (index_t i = 0; i < n && taken < tier; ++i)  // above the bar first, then ties in order
-        if (role[i] == 0 && shared[i] > bar) role[i] = 2, ++taken;
+        if (role[i] == 0 && shared[i] > bar) role[i] = 2, skip[i] = none, ++taken;
       for (index_t i = 0; i < n && taken < tier; ++i)
-        if (role[i] == 0 && shared[i] == bar) role[i] = 2, ++taken;
+        if (role[i] == 0 && shared[i] == bar) role[i] = 2, skip[i] = none, ++taken;
     }
 
-    std::vector<double> mass(g, 0.0), rest(g, 0.0), numer(g * dv, 0.0), read_sum(dv, 0.0);
-    std::vector<float> v(dv);
-    for (index_t i = 0; i < n; ++i) {
-      if (role[i] == 0) {
-        for (index_t h = 0; h < g; ++h) rest[h] += std::exp(static_cast<double>(e[h * n + i] - c[h]));
-        continue;
+    // Estimated mass of the tokens neither read nor in the tier, per head: vector lanes
+    // over the middle, exp of estimates <= 0, float partial sums flushed to double.
+    std::vector<double> rest(g, 0.0);
+    using lanes = xsimd::batch<float>;
+    constexpr index_t L = lanes::size, flush = 64 * L;
+    for (index_t h = 0; h < g; ++h) {
+      const float* eh = e + h * n;
+      const lanes ch(c[h]), zero(0.f);
+      for (index_t i0 = 0; i0 < n; i0 += flush) {
+        const index_t i1 = std::min(n, i0 + flush);
+        lanes acc(0.f);
+        index_t i = i0;
+        for (; i + L <= i1; i += L)  // exp(-inf) = 0 for the skipped; min keeps the rest <= 1
+          acc += xsimd::exp(xsimd::min(lanes::load_unaligned(eh + i) - ch + lanes::load_unaligned(skip.data() + i), zero));
+        double sum = xsimd::hadd(acc);
+        for (; i < i1; ++i)
+          if (role[i] == 0) sum += std::exp(static_cast<double>(eh[i] - c[h]));
+        rest[h] += sum;
       }
-      floe::detail::widen(kv.value_row(mid.begin + i), v.data(), dv);  // tier rows, and the exact rows read already
+    }
+    // The tier's rows enter with their estimated weights; they and the rows the exact
+    // part read are taken off the middle's value sum.
+    // Float sums (weights <= 1, a few thousand rows): an estimate's own error is larger.
+    std::vector<double> mass(g, 0.0);
+    std::vector<float> numer(g * dv, 0.f), read_sum(dv, 0.f), v(dv);
+    thread_local std::vector<index_t> rows;
+    rows.clear();
+    for (index_t i = 0; i < n; ++i)
+      if (role[i] != 0) rows.push_back(i);
+    constexpr index_t ahead = 16;  // rows in flight: the gather is latency-bound
+    for (index_t r = 0; r < rows.size(); ++r) {
+      if (r + ahead < rows.size()) floe::detail::prefetch_row(kv.value_row(mid.begin + rows[r + ahead]), dv);
+      const index_t i = rows[r];
+      floe::detail::widen(kv.value_row(mid.begin + i), v.data(), dv);
       for (index_t j = 0; j < dv; ++j) read_sum[j] += v[j];
       if (role[i] == 1) continue;
       for (index_t h = 0; h < g; ++h) {
-        const double w = std::exp(static_cast<double>(e[h * n + i] - c[h]));
+        const float w = std::exp(e[h * n + i] - c[h]);
         mass[h] += w;
-        for (index_t j = 0; j < dv; ++j) numer[h * dv + j] += w * v[j];
+        float* out = numer.data() + h * dv;
+        for (index_t j = 0; j < dv; ++j) out[j] += w * v[j];
       }
     }
     io.value_bytes += static_cast<std::uint64_t>(tier) * dv * sizeof(typename KV::element_type);
