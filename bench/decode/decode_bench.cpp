@@ -11,10 +11,12 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -63,7 +65,8 @@ template <class T>
 struct kv_set {
   shape_config shape;
   index_t n, copies;
-  std::vector<T> storage;                   // [copy][head][keys n*d | values n*d]
+  std::vector<T> storage;                   // holds `cache`, plus room to align it
+  std::span<T> cache;                       // [copy][head][keys n*d | values n*d], on 64-byte lines
   std::vector<std::int32_t> table;          // a shuffled block table (16-token blocks)
   std::vector<std::vector<std::vector<token_range>>> exact;  // [selection][head]: gathered ranges
   std::vector<float> queries, outputs;      // [copy][Hq][d]
@@ -72,13 +75,17 @@ struct kv_set {
     const std::size_t head_elems = 2 * n * s.d, copy_elems = head_elems * s.kv_heads;
     copies = std::max<std::size_t>(2, (env_mib("FLOE_BENCH_WORKING_SET_MIB", 2048) + copy_elems * sizeof(T) - 1) /
                                           (copy_elems * sizeof(T)));
-    storage.resize(copy_elems * copies);
+    // Rows start on cache lines, as in an engine's cache: malloc alone gives 16-byte
+    // alignment, which costs the kernel up to 40% (docs/benchmarks.md).
+    storage.resize(copy_elems * copies + 64 / sizeof(T));
+    const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
+    cache = std::span<T>(storage.data() + (64 - address % 64) % 64 / sizeof(T), copy_elems * copies);
     std::mt19937_64 g(42);
     std::normal_distribution<float> normal(0.f, 1.f);
     std::vector<T> pattern(1 << 19);  // random values, repeated: speed does not depend on them
     for (auto& x : pattern) x = floe::from_float<T>(normal(g));
-    for (std::size_t i = 0; i < storage.size(); i += pattern.size())
-      std::memcpy(storage.data() + i, pattern.data(), std::min(pattern.size(), storage.size() - i) * sizeof(T));
+    for (std::size_t i = 0; i < cache.size(); i += pattern.size())
+      std::memcpy(cache.data() + i, pattern.data(), std::min(pattern.size(), cache.size() - i) * sizeof(T));
     table.resize(n / 16);
     for (index_t b = 0; b < table.size(); ++b) table[b] = static_cast<std::int32_t>(b);
     std::shuffle(table.begin(), table.end(), g);
@@ -101,7 +108,7 @@ struct kv_set {
     outputs.resize(copies * s.q_heads * s.d);
   }
 
-  const T* keys(index_t copy, index_t head) const { return storage.data() + (copy * shape.kv_heads + head) * 2 * n * shape.d; }
+  const T* keys(index_t copy, index_t head) const { return cache.data() + (copy * shape.kv_heads + head) * 2 * n * shape.d; }
   const T* values(index_t copy, index_t head) const { return keys(copy, head) + n * shape.d; }
 };
 
