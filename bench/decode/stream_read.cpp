@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -66,8 +67,11 @@ std::uint64_t stream_sum(const std::uint64_t* words, std::size_t count) {
   return sum_plain(words, count);
 }
 
-stream_reader::stream_reader(std::size_t bytes) : words_(bytes / 64 * 8), buffer_(new std::uint64_t[words_]) {
-  for (std::size_t i = 0; i < words_; ++i) buffer_[i] = i;
+stream_reader::stream_reader(std::size_t bytes) : words_(bytes / 64 * 8), buffer_(new std::uint64_t[words_ + 8]) {
+  const auto address = reinterpret_cast<std::uintptr_t>(buffer_.get());
+  std::uint64_t* data = buffer_.get() + (64 - address % 64) % 64 / 8;  // aligned like the KV caches
+  for (std::size_t i = 0; i < words_; ++i) data[i] = i;
+  data_ = data;
 }
 
 stream_result stream_reader::measure(thread_pool& pool, int repetitions) const {
@@ -75,7 +79,7 @@ stream_result stream_reader::measure(thread_pool& pool, int repetitions) const {
   const std::size_t per_thread = words_ / threads / 8 * 8;  // whole cache lines
   std::vector<std::uint64_t> sums(threads);
   auto pass = [&] {
-    pool.parallel_for(threads, [&](index_t t) { sums[t] = stream_sum(buffer_.get() + t * per_thread, per_thread); });
+    pool.parallel_for(threads, [&](index_t t) { sums[t] = stream_sum(data_ + t * per_thread, per_thread); });
   };
   pass();  // warm up the threads and the TLB
   std::vector<double> gbps;

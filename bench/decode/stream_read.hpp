@@ -28,7 +28,8 @@ class stream_reader {
 
  private:
   std::size_t words_;
-  std::unique_ptr<std::uint64_t[]> buffer_;
+  std::unique_ptr<std::uint64_t[]> buffer_;  // words_ from data_, which starts on a 64-byte line
+  const std::uint64_t* data_;
 };
 
 }  // namespace floe::bench
