@@ -172,7 +172,7 @@ TEST_CASE("mog_index: a far key becomes an exact outlier", "[mog]") {
   for (index_t s = 0; s < idx.subclusters(); ++s)
     if (idx.count(idx.clusters() + s) == 1 && idx.members(s)[0] == far) alone = true;
   REQUIRE(alone);
-  REQUIRE(idx.outliers().size() <= 2000 / 200);  // outlier_fraction 0.5 %
+  REQUIRE(idx.outliers().size() <= 2000 / 50);  // outlier_fraction 2 %
 }
 
 TEST_CASE("mog_index: the recent window stays out of the clusters", "[mog]") {

@@ -37,8 +37,8 @@ struct mog_config {
                                   // spread (1 + join_sigma sqrt(2/d)), spread = the members' mean (chi-square tail)
   index_t sinks = 4;              // the first tokens (attention sinks) are never clustered, always exact
   index_t window = 0;             // nor are the most recent ones
-  double outlier_sigma = 8.0;     // a key whose squared Mahalanobis distance exceeds d + sigma sqrt(2d)...
-  double outlier_fraction = 0.005;  // ... is an exact token (always attended), for at most this fraction of tokens
+  double outlier_sigma = 3.0;     // a key whose squared Mahalanobis distance exceeds d + sigma sqrt(2d)...
+  double outlier_fraction = 0.02;  // ... is an exact token (always attended), for at most this fraction of tokens
   bool cross_covariance = false;  // keep Cov(v, k) per cluster: dv x d floats each
   std::uint64_t seed = 0x6d6f67;
   // Optional sample of queries (rows of d floats, e.g. the last prefill queries of the GQA
