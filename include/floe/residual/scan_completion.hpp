@@ -99,9 +99,13 @@ struct scan_completion {
     if (tier > 0) {
       const float bar = select::ranking::kth_largest(shared.data(), n, tier);
       index_t taken = 0;
-      for (index_t i = 0; i < n && taken < tier; ++i)  // above the bar first, then ties in order
-        if (role[i] == 0 && shared[i] > bar) role[i] = 2, skip[i] = none, ++taken;
-      for (index_t i = 0; i < n && taken < tier; ++i)
+      for (index_t i = 0; i < n; ++i) {  // every one above the bar (fewer than `tier`), branch-free
+        const bool above = shared[i] > bar;  // never for a read token: its shared score is -inf
+        role[i] = above ? 2 : role[i];
+        skip[i] = above ? none : skip[i];
+        taken += above ? 1 : 0;
+      }
+      for (index_t i = 0; i < n && taken < tier; ++i)  // then ties, in order
         if (role[i] == 0 && shared[i] == bar) role[i] = 2, skip[i] = none, ++taken;
     }
 
@@ -131,12 +135,15 @@ struct scan_completion {
     std::vector<double> mass(g, 0.0);
     std::vector<float> numer(g * dv, 0.f), read_sum(dv, 0.f), v(dv);
     thread_local std::vector<index_t> rows;
-    rows.clear();
-    for (index_t i = 0; i < n; ++i)
-      if (role[i] != 0) rows.push_back(i);
+    rows.resize(n);
+    index_t count = 0;
+    for (index_t i = 0; i < n; ++i) {  // branch-free compaction
+      rows[count] = i;
+      count += role[i] != 0 ? 1 : 0;
+    }
     constexpr index_t ahead = 16;  // rows in flight: the gather is latency-bound
-    for (index_t r = 0; r < rows.size(); ++r) {
-      if (r + ahead < rows.size()) floe::detail::prefetch_row(kv.value_row(mid.begin + rows[r + ahead]), dv);
+    for (index_t r = 0; r < count; ++r) {
+      if (r + ahead < count) floe::detail::prefetch_row(kv.value_row(mid.begin + rows[r + ahead]), dv);
       const index_t i = rows[r];
       floe::detail::widen(kv.value_row(mid.begin + i), v.data(), dv);
       for (index_t j = 0; j < dv; ++j) read_sum[j] += v[j];
