@@ -7,6 +7,7 @@
 //                                    (median of 3 passes) right before every case
 //   FLOE_BENCH_WORKING_SET_MIB=2048  KV copies rotated per iteration (a cold cache, as in a
 //                                    model whose other layers evict this one between steps)
+//   FLOE_BENCH_HUGEPAGES=1           KV caches in transparent huge pages (madvise)
 //   FLOE_SIMD_ARCH=avx512|avx2|scalar
 #include <benchmark/benchmark.h>
 
@@ -20,6 +21,10 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "floe/exec/scalar.hpp"
 #include "floe/exec/simd.hpp"
@@ -51,6 +56,11 @@ std::size_t env_mib(const char* name, std::size_t fallback) {
   return (v && *v ? std::strtoull(v, nullptr, 10) : fallback) << 20;
 }
 
+bool huge_pages() {
+  const char* v = std::getenv("FLOE_BENCH_HUGEPAGES");
+  return v && *v == '1';
+}
+
 // The streaming-read buffer, allocated once; every case measures against it afresh.
 const floe::bench::stream_reader& stream_buffer() {
   static const floe::bench::stream_reader reader(env_mib("FLOE_BENCH_STREAM_MIB", 1024));
@@ -65,7 +75,7 @@ template <class T>
 struct kv_set {
   shape_config shape;
   index_t n, copies;
-  std::vector<T> storage;                   // holds `cache`, plus room to align it
+  std::unique_ptr<void, decltype(&std::free)> storage{nullptr, &std::free};  // holds `cache`
   std::span<T> cache;                       // [copy][head][keys n*d | values n*d], on 64-byte lines
   std::vector<std::int32_t> table;          // a shuffled block table (16-token blocks)
   std::vector<std::vector<std::vector<token_range>>> exact;  // [selection][head]: gathered ranges
@@ -77,9 +87,16 @@ struct kv_set {
                                           (copy_elems * sizeof(T)));
     // Rows start on cache lines, as in an engine's cache: malloc alone gives 16-byte
     // alignment, which costs the kernel up to 40% (docs/benchmarks.md).
-    storage.resize(copy_elems * copies + 64 / sizeof(T));
-    const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
-    cache = std::span<T>(storage.data() + (64 - address % 64) % 64 / sizeof(T), copy_elems * copies);
+    // FLOE_BENCH_HUGEPAGES=1: on 2 MiB pages, madvise(MADV_HUGEPAGE) before the first
+    // touch, as an engine may do.
+    const std::size_t align = huge_pages() ? std::size_t{2} << 20 : 64;
+    const std::size_t bytes = (copy_elems * copies * sizeof(T) + align - 1) / align * align;
+    storage.reset(std::aligned_alloc(align, bytes));
+    if (!storage) throw std::bad_alloc();
+#if defined(MADV_HUGEPAGE)
+    if (huge_pages()) madvise(storage.get(), bytes, MADV_HUGEPAGE);
+#endif
+    cache = std::span<T>(static_cast<T*>(storage.get()), copy_elems * copies);
     std::mt19937_64 g(42);
     std::normal_distribution<float> normal(0.f, 1.f);
     std::vector<T> pattern(1 << 19);  // random values, repeated: speed does not depend on them
