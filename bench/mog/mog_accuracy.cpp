@@ -4,7 +4,7 @@
 //
 //   floe-mog-accuracy [--synthetic N | --data DIR] [--dtype f16] [--kv-heads H]
 //                     [--budgets 0.01,0.02,0.03,0.05] [--threads 2] [--window W]
-//                     [--refine R] [--optimism O] [--clusters C] [--subclusters S] [--outliers F] [--outlier-sigma Z]
+//                     [--refine R] [--optimism O] [--clusters C] [--subclusters S] [--outliers F | --outlier-share B] [--outlier-sigma Z]
 //                     [--query-metric] [--append A] [--join-sigma S] [--split-factor F]
 //                     [--maximin]
 // --query-metric builds the k-means metric from the queries of the second half of the
@@ -46,6 +46,7 @@ struct options {
   index_t append = 0;        // tokens appended after the build (0: none)
   bool key_metric = false;    // experiment: the keys themselves as the metric sample
   bool outliers_given = false;  // --outliers: one cap for every budget
+  double outlier_share = select::mog_clusters::outlier_share;  // else at most this share of each budget
   bool query_metric = false;  // build with the queries of the second half of the steps, test on the first
 };
 
@@ -77,6 +78,7 @@ options parse(int argc, char** argv) {
     else if (a == "--clusters") o.selector.config.clusters = std::stoul(next());
     else if (a == "--subclusters") o.selector.config.subclusters = std::stoul(next());
     else if (a == "--outliers") o.selector.config.outlier_fraction = std::stod(next()), o.outliers_given = true;
+    else if (a == "--outlier-share") o.outlier_share = std::stod(next());
     else if (a == "--outlier-sigma") o.selector.config.outlier_sigma = std::stod(next());
     else if (a == "--query-metric") o.query_metric = true;
     else if (a == "--key-metric") o.key_metric = true;
@@ -173,13 +175,13 @@ int main(int argc, char** argv) try {
         for (index_t i = 0; i < kv.n(); i += 16)
           for (index_t t = 0; t < dump.d; ++t) builder.config.query_sample.push_back(to_float(kv.key_row(i)[t]));
       const auto index = builder.build(kv);  // the largest budget's; smaller ones cap outliers lower
-      // As mog_clusters::with_budget: outliers take at most half of each budget, unless --outliers is given.
+      // As mog_clusters::with_budget: outliers take at most outlier_share of each budget, unless --outliers is given.
       std::vector<mog_index> per_budget(nb);
       std::vector<const mog_index*> index_of(nb, &index);
       for (index_t b = 0; b < nb; ++b) {
         if (opt.outliers_given) continue;
         select::mog_clusters capped = builder;
-        capped.config.outlier_fraction = std::min(builder.config.outlier_fraction, 0.5 * opt.budgets[b]);
+        capped.config.outlier_fraction = std::min(builder.config.outlier_fraction, opt.outlier_share * opt.budgets[b]);
         if (capped.config.outlier_fraction == builder.config.outlier_fraction) continue;
         per_budget[b] = capped.build(kv);
         index_of[b] = &per_budget[b];

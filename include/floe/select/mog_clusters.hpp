@@ -43,14 +43,15 @@ struct mog_clusters {
 
   // The default configuration for a budget on a cache of n tokens: 4 sinks and a recent
   // window of 64 exact tokens, each shrunk so that together they use at most a quarter of
-  // it, and exact outliers for at most half of it (and 2 % of n).
+  // it, and exact outliers for at most outlier_share of it (and 2 % of n).
+  static constexpr double outlier_share = 0.5;
   static mog_clusters with_budget(budget b, index_t n) {
     mog_clusters s;
     s.limit = b;
     const index_t tokens = b.resolve(n), quarter = tokens / 4;
     s.config.sinks = std::min<index_t>(4, quarter / 4);
     s.config.window = std::min<index_t>(64, quarter - s.config.sinks);
-    if (n > 0) s.config.outlier_fraction = std::min(s.config.outlier_fraction, 0.5 * static_cast<double>(tokens) / static_cast<double>(n));
+    if (n > 0) s.config.outlier_fraction = std::min(s.config.outlier_fraction, outlier_share * static_cast<double>(tokens) / static_cast<double>(n));
     return s;
   }
 
