@@ -113,6 +113,14 @@ void topk_quantized_feature_map(benchmark::State& s) {
   fm.map.features = static_cast<index_t>(s.range(0));
   run(s, floe::estimator<sel, floe::residual::feature_map<>>(five_percent(data().n), fm));
 }
+// The same with no re-rank: the k best by 4-bit estimate, no exact keys read to choose.
+void topk_quantized_none_by_estimate(benchmark::State& s) {
+  using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
+  auto chooser = five_percent(data().n);
+  chooser.scorer.rerank_factor = 1.0;
+  run(s, floe::estimator<sel, floe::residual::none>(chooser, {}));
+}
+
 void topk_quantized_scan_completion(benchmark::State& s) {
   using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
   run(s, floe::estimator<sel, floe::residual::scan_completion>(five_percent(data().n), {}));
@@ -182,6 +190,7 @@ BENCHMARK(phase_attend)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(phase_feature_map)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_none)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_none_by_estimate)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_scan_completion)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_feature_map)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check

@@ -246,6 +246,36 @@ TEST_CASE("quantized_scan candidates contain the true top k when sized by the bo
   }
 }
 
+TEST_CASE("quantized_scan with rerank_factor 1 keeps the k best estimates and reads no keys", "[topk][quantized]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(18);
+  const index_t n = 3000, d = 64, heads = 3, k = 150;
+  floe::testing::random_kv<floe::half> data(g, n, d, 8);
+  const auto kv = data.view();
+  const auto qd = floe::testing::random_floats(g, heads * d, 2.f);
+  const auto q = floe::query_group::make(qd.data(), heads, d);
+  const quantized_scan scorer{1.0};
+  const auto idx = scorer.build(kv);
+  const floe::token_range middle{4, n - 64};
+  topk_anchors<quantized_scan>::selection out;
+  floe::stats s;
+  REQUIRE_FALSE(scorer.choose(idx, kv, q, floe::exec::scalar{}, middle, k, floe::budget::tokens(k), out, s));
+  REQUIRE(s.key_bytes == 0);
+  REQUIRE(out.estimates.size() == heads * middle.size());
+  std::vector<float> e(heads * middle.size()), r(e.size()), shared(middle.size());
+  idx.scan(idx.prepare(q), middle.begin, middle.end, e.data(), r.data(), middle.size());
+  REQUIRE(e == out.estimates);
+  floe::select::ranking::shared_scores(e.data(), heads, middle.size(), middle.size(),
+                                       floe::select::ranking::head_maxima(e.data(), heads, middle.size(), middle.size()),
+                                       shared.data());
+  std::set<index_t> want;
+  for (index_t i : floe::select::ranking::top_k(shared.data(), middle.size(), k)) want.insert(middle.begin + i);
+  std::set<index_t> got;
+  for (const auto& range : out.ranges)
+    for (index_t i = range.begin; i < range.end; ++i) got.insert(i);
+  REQUIRE(got == want);
+}
+
 TEST_CASE("page bounds hold and whole pages are read", "[topk][page_bounds]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(13);

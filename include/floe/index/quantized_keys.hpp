@@ -110,6 +110,7 @@ class quantized_keys {
 
   // For tokens [begin, end) and every head h: center[h * ld + i - begin] estimates the
   // score z = s q_h . k_i, and |z - center| <= radius (same layout), however z is rounded.
+  // A null `radius` leaves the radii out.
   void scan(const quantized_query& p, index_t begin, index_t end, float* center, float* radius, index_t ld,
             scan_kernel kernel = scan_kernel::automatic) const {
     require(p.blocks == blocks_, "query", "prepared for ", p.blocks, " blocks, the index has ", blocks_);
@@ -128,10 +129,10 @@ class quantized_keys {
         quantized_tile::scan_tile(kernel, p, h0, hn, codes_.data() + tile * tile_code_bytes(),
                                   params_.data() + tile * tile_params(), out_c, out_r);
         for (index_t h = 0; h < hn; ++h)
-          for (index_t i = first; i < last; ++i) {
-            center[(h0 + h) * ld + i - begin] = out_c[h * T + i - tile * T];
-            radius[(h0 + h) * ld + i - begin] = out_r[h * T + i - tile * T];
-          }
+          for (index_t i = first; i < last; ++i) center[(h0 + h) * ld + i - begin] = out_c[h * T + i - tile * T];
+        if (radius)
+          for (index_t h = 0; h < hn; ++h)
+            for (index_t i = first; i < last; ++i) radius[(h0 + h) * ld + i - begin] = out_r[h * T + i - tile * T];
       }
     }
   }

@@ -26,7 +26,8 @@ namespace floe::select {
 struct quantized_scan {
   static constexpr std::string_view name = "quantized_scan";
   // Re-rank only the admitted tokens among the ceil(rerank_factor * k) best by estimate;
-  // 0 re-ranks every token the bounds admit (then the exact top k is always found).
+  // 0 re-ranks every token the bounds admit (then the exact top k is always found); 1
+  // or less keeps the k best by estimate with no bounds and no re-rank (reads no keys).
   double rerank_factor = 1.25;
 
   using index = quantized_keys;
@@ -54,16 +55,23 @@ struct quantized_scan {
     candidate_set cs;
     if (keep) keep->resize(g * n);
     float* estimate = keep ? keep->data() : ranking::scratch<estimate_tag>(g * n);
-    float* radius = ranking::scratch<radius_tag>(g * n);
+    const bool by_estimate = rerank_factor > 0 && rerank_factor <= 1;
+    float* radius = by_estimate ? nullptr : ranking::scratch<radius_tag>(g * n);
     idx.scan(idx.prepare(q), middle.begin, middle.end, estimate, radius, n);
     io.summary_bytes += static_cast<std::uint64_t>(n) * idx.bytes_per_token();
     if (b.kind == budget::unit::mass) k = ranking::top_p_count(estimate, g, n, n, b);
     cs.k = k;
     cs.offsets = ranking::head_maxima(estimate, g, n, n);
     if (k == 0) return cs;
+    float* shared = ranking::scratch<shared_tag>(n);
+    if (by_estimate) {  // the k best by shared estimate are the choice
+      ranking::shared_scores(estimate, g, n, n, cs.offsets, shared);
+      cs.tokens = ranking::top_k(shared, n, k);
+      for (index_t& t : cs.tokens) t += middle.begin;
+      return cs;
+    }
     float* lower = ranking::scratch<lower_tag>(n);
     float* upper = ranking::scratch<upper_tag>(n);
-    float* shared = ranking::scratch<shared_tag>(n);
     constexpr index_t span = 256;  // tokens per pass over the heads: the rows stay in L1
     for (index_t i0 = 0; i0 < n; i0 += span) {
       const index_t i1 = std::min(n, i0 + span);
