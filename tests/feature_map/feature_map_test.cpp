@@ -215,14 +215,7 @@ TEST_CASE("feature_map refuses bad input naming the argument", "[feature_map][ba
   const auto kv = data.view();
   const auto qd = floe::testing::random_floats(g, d, 1.f);
   const auto q = floe::query_group::make(qd.data(), 1, d);
-  auto arg_of = [](auto&& f) {
-    try {
-      f();
-    } catch (const floe::invalid_argument& e) {
-      return e.argument();
-    }
-    return std::string("(nothing thrown)");
-  };
+  const auto arg_of = [](auto&& f) { return floe::testing::argument_of(f); };
   const topk_anchors<exact_scan> sel{4, 16, floe::budget::tokens(20), {}};
   feature_map<positive_random> none_features;
   none_features.map.features = 0;

@@ -163,14 +163,7 @@ TEST_CASE("scan_completion appends as it rebuilds and refuses bad input", "[topk
 
   const auto qd = floe::testing::random_floats(g, d, 1.f);
   const auto q = floe::query_group::make(qd.data(), 1, d);
-  auto arg_of = [](auto&& f) {
-    try {
-      f();
-    } catch (const floe::invalid_argument& e) {
-      return e.argument();
-    }
-    return std::string("(nothing thrown)");
-  };
+  const auto arg_of = [](auto&& f) { return floe::testing::argument_of(f); };
   std::vector<double> out(dv, -7.0);
   floe::stats s;
   const auto stale = est.build(early);  // a state not appended to: its middle ends at 468

@@ -392,14 +392,7 @@ TEST_CASE("topk_anchors refuses bad input naming the argument", "[topk][bad_inpu
   const auto kv = data.view();
   auto qd = floe::testing::random_floats(g, d, 1.f);
   const auto q = floe::query_group::make(qd.data(), 1, d);
-  auto arg_of = [](auto&& f) {
-    try {
-      f();
-    } catch (const floe::invalid_argument& e) {
-      return e.argument();
-    }
-    return std::string("(nothing thrown)");
-  };
+  const auto arg_of = [](auto&& f) { return floe::testing::argument_of(f); };
   // S + W >= n: at build and at select.
   const topk_anchors<exact_scan> wide{100, 100, floe::budget::fraction(0.1), {}};
   REQUIRE(arg_of([&] { (void)wide.build(kv); }) == "window");

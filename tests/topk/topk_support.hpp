@@ -1,10 +1,12 @@
 // Shared by the topk and feature_map tests: the dense scalar reference, relative error,
-// and a decode helper.
+// a decode helper, and the argument a bad call names.
 #pragma once
 
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "floe/core/error.hpp"
 #include "floe/estimator.hpp"
 #include "floe/exec/scalar.hpp"
 #include "floe/residual/none.hpp"
@@ -44,6 +46,17 @@ inline double worst_head_error(const std::vector<double>& got, const std::vector
   double worst = 0;
   for (index_t h = 0; h < heads; ++h) worst = std::max(worst, relative_l2(got.data() + h * dv, want.data() + h * dv, dv));
   return worst;
+}
+
+// The argument a call's floe::invalid_argument names, or "(nothing thrown)".
+template <class F>
+std::string argument_of(F&& f) {
+  try {
+    f();
+  } catch (const floe::invalid_argument& e) {
+    return e.argument();
+  }
+  return "(nothing thrown)";
 }
 
 }  // namespace floe::testing
