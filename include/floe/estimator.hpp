@@ -63,7 +63,22 @@ class estimator {
               stats& io) const {
     validate_query(q, kv.d());
     validate_output(out, q.heads, kv.dv());
-    typename S::selection sel;
+    // One selection per thread, reused: its vectors keep their memory between steps (a
+    // fresh 4-bit scan's estimates would be megabytes of new pages each step). Selectors
+    // clear what they fill; a nested decode on the same thread gets a fresh selection.
+    thread_local typename S::selection reused;
+    thread_local bool reused_busy = false;
+    typename S::selection fresh;
+    const bool nested = reused_busy;
+    typename S::selection& sel = nested ? fresh : reused;
+    struct release {
+      bool& busy;
+      bool own;
+      ~release() {
+        if (own) busy = false;
+      }
+    } guard{reused_busy, !nested};
+    reused_busy = true;
     stats call;
     selector_.select(st.selector_index, kv, q, exec, sel, call);
     validate_ranges(sel.ranges, kv.n());
