@@ -3,7 +3,12 @@
 the run had --benchmark_repetitions).
 
     decode_bench --benchmark_out=decode.json --benchmark_out_format=json
-    python3 bench/decode/summarize.py decode.json
+    python3 bench/decode/summarize.py decode.json [--cpu]
+
+--cpu: one-thread rows from the process's CPU time instead of the wall clock (GB/s,
+speedups and ratios recomputed, bw_fraction left out: the streaming read is timed by the
+wall clock). For a loaded machine, where the wall clock counts other processes' time;
+2-thread rows stay on the wall clock (their CPU time is one thread's).
 """
 import json
 import re
@@ -13,7 +18,19 @@ NAME = re.compile(r"decode/(?P<exec>simd|scalar)/(?P<access>dense|gathered|paged
                   r"(?P<shape>d\d+_hq\d+_hkv\d+)/N:(?P<n>\d+)/threads:(?P<threads>\d+)")
 
 
-def main(path):
+def use_cpu_time(b):
+    """Rescales a one-thread case's wall-clock figures to its CPU time."""
+    if int(NAME.match(b["name"])["threads"]) != 1:
+        return b
+    b = dict(b)
+    if "GB/s" in b:
+        b["GB/s"] *= b["real_time"] / b["cpu_time"]
+    b["real_time"] = b["cpu_time"]
+    b.pop("bw_fraction", None)
+    return b
+
+
+def main(path, cpu=False):
     with open(path) as f:
         report = json.load(f)
     ctx = report["context"]
@@ -30,6 +47,8 @@ def main(path):
         m = NAME.match(b["name"])
         if not m:
             continue
+        if cpu:
+            b = use_cpu_time(b)
         key = (m["type"], m["shape"], int(m["n"]), int(m["threads"]))
         rows.setdefault(key, {})[(m["exec"], m["access"])] = b
     print()
@@ -40,7 +59,7 @@ def main(path):
         r = rows[key]
         dense, sdense = r.get(("simd", "dense")), r.get(("scalar", "dense"))
         gath, sgath, paged = r.get(("simd", "gathered")), r.get(("scalar", "gathered")), r.get(("simd", "paged16"))
-        cell = lambda b, k, fmt: fmt.format(b[k]) if b else "-"
+        cell = lambda b, k, fmt: fmt.format(b[k]) if b and k in b else "-"
         speedup = f"{sdense['real_time'] / dense['real_time']:.1f}x" if dense and sdense else "-"
         g_ratio = f"{gath['GB/s'] / dense['GB/s']:.2f}" if gath and dense else "-"
         p_ratio = f"{paged['GB/s'] / dense['GB/s']:.2f}" if paged and dense else "-"
@@ -51,4 +70,5 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "decode.json")
+    args = [a for a in sys.argv[1:] if a != "--cpu"]
+    main(args[0] if args else "decode.json", cpu="--cpu" in sys.argv[1:])
