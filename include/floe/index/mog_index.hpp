@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <span>
@@ -324,23 +325,34 @@ class mog_index {
   // Two-level k-means of the rows of keys, then outliers (row numbers, increasing) taken out.
   std::vector<cluster_members> partition(const row_matrix& keys, const parallel_for_fn& parallel_for,
                                          std::vector<std::uint32_t>& outliers) const {
-    const index_t n = static_cast<index_t>(keys.rows()), d = static_cast<index_t>(keys.cols());
+    const index_t n = static_cast<index_t>(keys.rows());
     const index_t want_c = cfg_.clusters ? cfg_.clusters : static_cast<index_t>(std::lround(std::sqrt(double(n))));
     std::vector<float> mahalanobis(n, 0.f);
     std::vector<cluster_members> parts = two_level(keys, want_c, subclusters_per_cluster(n), parallel_for, &mahalanobis);
-    // Outliers: far in the tail of their cluster's Gaussian, at most outlier_fraction of n.
-    const double threshold = static_cast<double>(d) + cfg_.outlier_sigma * std::sqrt(2.0 * static_cast<double>(d));
-    outliers.clear();
-    for (index_t i = 0; i < n; ++i)
+    outliers = split_outliers(parts, mahalanobis, static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(n)));
+    return parts;
+  }
+
+  // Squared Mahalanobis distance beyond which a key is an outlier: a chi-square tail.
+  double outlier_threshold() const {
+    return static_cast<double>(d_) + cfg_.outlier_sigma * std::sqrt(2.0 * static_cast<double>(d_));
+  }
+
+  // Rows whose distance passes the threshold, the farthest first and at most cap of them,
+  // taken out of parts; returned in increasing order.
+  std::vector<std::uint32_t> split_outliers(std::vector<cluster_members>& parts, const std::vector<float>& mahalanobis,
+                                            index_t cap) const {
+    const double threshold = outlier_threshold();
+    std::vector<std::uint32_t> outliers;
+    for (index_t i = 0; i < mahalanobis.size(); ++i)
       if (mahalanobis[i] > threshold) outliers.push_back(static_cast<std::uint32_t>(i));
-    const auto cap = static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(n));
     if (outliers.size() > cap) {
       std::nth_element(outliers.begin(), outliers.begin() + static_cast<std::ptrdiff_t>(cap), outliers.end(),
                        [&](std::uint32_t a, std::uint32_t b) { return mahalanobis[a] > mahalanobis[b]; });
       outliers.resize(cap);
     }
-    if (outliers.empty()) return parts;
-    std::vector<char> is_outlier(n, 0);
+    if (outliers.empty()) return outliers;
+    std::vector<char> is_outlier(mahalanobis.size(), 0);
     for (auto i : outliers) is_outlier[i] = 1;
     std::vector<cluster_members> kept;
     for (auto& cl : parts) {
@@ -351,8 +363,9 @@ class mog_index {
       }
       if (!subs.empty()) kept.push_back(std::move(subs));
     }
+    parts = std::move(kept);
     std::sort(outliers.begin(), outliers.end());
-    return kept;
+    return outliers;
   }
 
   // Appends clusters to the CSR layout (clusters, their subclusters, their members);
@@ -499,13 +512,22 @@ class mog_index {
 
     const double join_factor = 1.0 + cfg_.join_sigma * std::sqrt(2.0 / static_cast<double>(d_));
     std::vector<std::int64_t> sub_of(count, -1);
-    std::vector<std::uint32_t> novel;
+    std::vector<std::uint32_t> novel, new_outliers;
+    std::vector<std::pair<double, index_t>> candidates;  // (distance, row) of joined tokens in the outlier tail
     std::vector<char> dirty(clusters_, 0);
+    // Outliers among the new tokens, as at build (Euclidean metric only: the variance in a
+    // query metric is not kept), within the same share of the clustered tokens.
+    const auto outlier_cap = static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(first + count - sinks_));
+    const bool flag_outliers = metric_.size() == 0;
     for (index_t r = 0; r < count; ++r) {
       const index_t c = cluster_of[r];
       if (sq_dist[r] > join_factor * spread_in_metric(c)) {
         novel.push_back(static_cast<std::uint32_t>(r));
         continue;
+      }
+      if (flag_outliers && counts_[c] >= 8) {
+        const double z2 = mahalanobis_to(c, keys.data() + r * d_);
+        if (z2 > outlier_threshold()) candidates.emplace_back(z2, r);
       }
       index_t best = sub_begin_[c];
       float best_d2 = std::numeric_limits<float>::infinity();
@@ -520,6 +542,15 @@ class mog_index {
       dirty[c] = 1;
       appended_sq_dist_ += sq_dist[r];
       ++joined_;
+    }
+    // The farthest candidates become outliers, within the cap (a needle must not lose its
+    // place to earlier, nearer tokens of the same flush).
+    std::sort(candidates.begin(), candidates.end(), std::greater<>());
+    for (const auto& [z2, r] : candidates) {
+      if (outliers_.size() + new_outliers.size() >= outlier_cap) break;
+      new_outliers.push_back(static_cast<std::uint32_t>(first + r));
+      sub_of[r] = -1;
+      --joined_;
     }
     // Members: new positions are larger than every old one, so each list stays increasing.
     std::vector<std::uint32_t> added(subclusters_ + 1, 0);
@@ -546,7 +577,10 @@ class mog_index {
       row_matrix fresh(static_cast<Eigen::Index>(novel.size()), static_cast<Eigen::Index>(d_));
       for (index_t j = 0; j < novel.size(); ++j) fresh.row(static_cast<Eigen::Index>(j)) = placed.row(novel[j]);
       const index_t typical = std::max<index_t>(1, (n_ - sinks_ - outliers_.size()) / std::max<index_t>(clusters_, 1));
-      auto parts = two_level(fresh, (novel.size() + typical - 1) / typical, subclusters_per_cluster(n_), serial_for, nullptr);
+      std::vector<float> mahalanobis(novel.size(), 0.f);
+      auto parts = two_level(fresh, (novel.size() + typical - 1) / typical, subclusters_per_cluster(n_), serial_for, &mahalanobis);
+      const index_t room = outlier_cap > outliers_.size() + new_outliers.size() ? outlier_cap - outliers_.size() - new_outliers.size() : 0;
+      for (auto p : split_outliers(parts, mahalanobis, room)) new_outliers.push_back(static_cast<std::uint32_t>(first + novel[p]));
       for (auto& cl : parts)
         for (auto& sub : cl)
           for (auto& p : sub) p = novel[p];  // batch row numbers
@@ -555,8 +589,21 @@ class mog_index {
       for (index_t c = c_first; c < clusters_; ++c) recompute.push_back(c);
     }
     compute_moments(kv, recompute, parallel_for);
+    std::sort(new_outliers.begin(), new_outliers.end());  // all beyond the old ones
+    outliers_.insert(outliers_.end(), new_outliers.begin(), new_outliers.end());
     n_ = first + count;
     appended_ += count;
+  }
+
+  // Squared Mahalanobis distance (diagonal) of a key to cluster c.
+  double mahalanobis_to(index_t c, const float* key) const {
+    const std::vector<float> mu = mean(c), var = variance(c);
+    double mean_var = 0.0;
+    for (index_t t = 0; t < d_; ++t) mean_var += var[t];
+    const double floor = 1e-6 * mean_var / static_cast<double>(d_) + 1e-30;
+    double z2 = 0.0;
+    for (index_t t = 0; t < d_; ++t) z2 += (key[t] - static_cast<double>(mu[t])) * (key[t] - static_cast<double>(mu[t])) / (var[t] + floor);
+    return z2;
   }
 
   // Decoded key means of groups [first, first + count), one per row.
