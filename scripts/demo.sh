@@ -11,6 +11,6 @@ cmake --build --preset release -j "$(nproc)" --target floe-eval >/dev/null
 # With no arguments: one configuration per method family, so the table prints in well
 # under a minute on 2 cores (`floe-eval` alone runs every registered configuration).
 if (($# == 0)); then
-  set -- --queries 4 --budgets 0.02,0.1 --methods dense,streaming,oracle_topk,mog,mog_clusters+none,topk_anchors:quantized_scan+none,topk_anchors:quantized_scan+feature_map,page_bounds
+  set -- --queries 4 --budgets 0.02,0.1 --methods dense,streaming,oracle_topk,mog,mog_clusters+none,topk_anchors:quantized_scan+none,topk_anchors:quantized_scan+feature_map,topk_anchors:quantized_scan+scan_completion,page_bounds
 fi
 exec build/release/bench/eval/floe-eval "$@"
