@@ -101,10 +101,11 @@ TEST_CASE("exact_scan keeps sink, tail and the top k of the middle", "[topk]") {
   REQUIRE(got == want);
 }
 
-// Every scan kernel this CPU runs: the portable one always, AVX-512 VNNI where present.
+// Every scan kernel this CPU runs: the portable one always, AVX2 and AVX-512 VNNI where present.
 std::vector<floe::scan_kernel> scan_kernels() {
   std::vector<floe::scan_kernel> k{floe::scan_kernel::portable};
-  if (floe::quantized_tile::vnni_available()) k.push_back(floe::scan_kernel::avx512_vnni);
+  for (auto x : {floe::scan_kernel::avx2, floe::scan_kernel::avx512_vnni})
+    if (floe::quantized_tile::available(x)) k.push_back(x);
   return k;
 }
 
@@ -150,7 +151,7 @@ TEST_CASE("4-bit score bounds hold for every token and element type", "[topk][qu
 TEST_CASE("the scan kernels agree to float rounding", "[topk][quantized]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(16);
-  if (!floe::quantized_tile::vnni_available()) WARN("no AVX-512 VNNI here: only the portable kernel is tested");
+  if (scan_kernels().size() < 3) WARN("this CPU lacks AVX2 or AVX-512 VNNI: " << scan_kernels().size() << " scan kernel(s) tested");
   for (index_t d : {32, 70, 128}) {
     floe::testing::random_kv<floe::half> data(g, 777, d, 8, 0, 0, 2.f);
     const auto idx = floe::quantized_keys::build(data.view());

@@ -115,8 +115,8 @@ class quantized_keys {
             scan_kernel kernel = scan_kernel::automatic) const {
     require(p.blocks == blocks_, "query", "prepared for ", p.blocks, " blocks, the index has ", blocks_);
     require(begin <= end && end <= n_, "range", "[", begin, ", ", end, ") is not within the ", n_, " indexed tokens");
-    require(kernel != scan_kernel::avx512_vnni || quantized_tile::vnni_available(), "kernel",
-            "avx512_vnni asked for on a CPU without AVX-512 VNNI");
+    require(quantized_tile::available(kernel), "kernel", "scan kernel ", static_cast<int>(kernel),
+            " asked for on a CPU that does not run it");
     kernel = quantized_tile::resolve(kernel);
     constexpr index_t T = tile_tokens, P = quantized_tile::heads_per_pass;
     alignas(64) float out_c[P * T], out_r[P * T];

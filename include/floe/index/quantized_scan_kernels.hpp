@@ -1,10 +1,10 @@
 // The tile kernels of the 4-bit key scan: score estimates and radii for the 16 tokens of
-// one tile and up to 4 query heads. Two implementations of one formula, chosen at run
-// time: a portable one (xsimd float lanes of the instruction set compiled for; about 5x
-// slower) and one for AVX-512 VNNI (vpdpbusd: 64 code-times-query products per
-// instruction), so the library runs on any x86-64 CPU and uses VNNI where it exists.
-// Both sum the same integers exactly; they differ only in float rounding, which the
-// radius covers. docs/methods/retrieval-completion.md, "quantized_scan".
+// one tile and up to 4 query heads. Three implementations of one formula, chosen at run
+// time: AVX-512 VNNI (vpdpbusd: 64 code-times-query products per instruction), AVX2
+// (vpmaddubsw + vpmaddwd), and a portable one (xsimd float lanes of the instruction set
+// compiled for; about 5x slower than VNNI), so the library runs on any x86-64 CPU. All
+// sum the same integers exactly; they differ only in float rounding, which the radius
+// covers. docs/methods/retrieval-completion.md, "quantized_scan".
 #pragma once
 
 #include <cmath>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define FLOE_QUANTIZED_SCAN_HAS_VNNI 1
 #endif
@@ -41,7 +42,7 @@ struct quantized_query {
 };
 
 // Which tile kernel scans: the best one this CPU runs, or one forced (tests compare them).
-enum class scan_kernel { automatic, portable, avx512_vnni };
+enum class scan_kernel { automatic, portable, avx2, avx512_vnni };
 
 namespace quantized_tile {
 
@@ -70,14 +71,36 @@ inline bool vnni_available() {
 #endif
 }
 
-// Resolves `automatic`; FLOE_QUANTIZED_SCAN=portable in the environment forces the portable kernel.
+// True when this CPU runs the AVX2 kernel (AVX2, FMA, F16C).
+inline bool avx2_available() {
+#ifdef FLOE_QUANTIZED_SCAN_HAS_VNNI
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;  // F16C from CPUID leaf 1 (not every compiler's builtin knows it)
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// Whether this CPU runs kernel k (automatic and portable always).
+inline bool available(scan_kernel k) {
+  return k == scan_kernel::avx512_vnni ? vnni_available() : k == scan_kernel::avx2 ? avx2_available() : true;
+}
+
+// Resolves `automatic` to the best kernel this CPU runs; FLOE_QUANTIZED_SCAN=portable or
+// =avx2 in the environment caps the choice there.
 inline scan_kernel resolve(scan_kernel k) {
   if (k != scan_kernel::automatic) return k;
-  static const bool forced_portable = [] {
+  static const scan_kernel best = [] {
     const char* v = std::getenv("FLOE_QUANTIZED_SCAN");
-    return v && std::string_view(v) == "portable";
+    const std::string_view cap = v ? v : "";
+    if (cap != "portable" && cap != "avx2" && vnni_available()) return scan_kernel::avx512_vnni;
+    if (cap != "portable" && avx2_available()) return scan_kernel::avx2;
+    return scan_kernel::portable;
   }();
-  return !forced_portable && vnni_available() ? scan_kernel::avx512_vnni : scan_kernel::portable;
+  return best;
 }
 
 // Centers and radii of heads [h0, h0 + H) for the tokens of one tile: out_c[h * 16 + j].
@@ -174,6 +197,55 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni(const quan
     _mm512_storeu_ps(out_r + h * tokens, radius[h]);
   }
 }
+
+// The same for AVX2: 8 tokens per register, two halves per tile. vpmaddubsw sums two code
+// x query products into int16 (|.| <= 2 x 15 x 127, and the low and high nibbles' sums
+// together <= 7620: no saturation), vpmaddwd the pairs of a token into int32.
+template <index_t H>
+__attribute__((target("avx2,fma,f16c"))) void scan_avx2(const quantized_query& p, index_t h0,
+                                                        const std::uint8_t* codes, const half* params,
+                                                        float* out_c, float* out_r) {
+  __m256 center[H][2], radius[H][2];
+  for (index_t h = 0; h < H; ++h)
+    for (int s = 0; s < 2; ++s) center[h][s] = radius[h][s] = _mm256_setzero_ps();
+  const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (index_t b = 0; b < p.blocks; ++b) {
+    __m256i dot[H][2];
+    for (index_t h = 0; h < H; ++h) dot[h][0] = dot[h][1] = _mm256_setzero_si256();
+    for (index_t G = 0; G < groups; ++G)
+      for (int s = 0; s < 2; ++s) {
+        const __m256i v = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(codes + b * block_code_bytes + G * tokens * 4 + s * 32));
+        const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+        for (index_t h = 0; h < H; ++h) {
+          const std::int32_t* w = p.packed.data() + (((h0 + h) * p.blocks + b) * groups + G) * 2;
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(w[0])),
+                                                 _mm256_maddubs_epi16(high, _mm256_set1_epi32(w[1])));
+          dot[h][s] = _mm256_add_epi32(dot[h][s], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    for (int s = 0; s < 2; ++s) {
+      const half* prm = params + b * 2 * tokens + s * 8;
+      const __m256 offset = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(prm)));
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(prm + tokens)));
+      const __m256 magnitude = _mm256_and_ps(offset, sign_off);
+      for (index_t h = 0; h < H; ++h) {
+        const index_t at = (h0 + h) * p.blocks + b;
+        const __m256 scaled_dot = _mm256_mul_ps(_mm256_set1_ps(p.step[at]), _mm256_cvtepi32_ps(dot[h][s]));
+        center[h][s] =
+            _mm256_fmadd_ps(offset, _mm256_set1_ps(p.sums[at]), _mm256_fmadd_ps(scale, scaled_dot, center[h][s]));
+        radius[h][s] = _mm256_fmadd_ps(magnitude, _mm256_set1_ps(p.reach_offset[at]),
+                                       _mm256_fmadd_ps(scale, _mm256_set1_ps(p.reach_scale[at]), radius[h][s]));
+      }
+    }
+  }
+  for (index_t h = 0; h < H; ++h)
+    for (int s = 0; s < 2; ++s) {
+      _mm256_storeu_ps(out_c + h * tokens + s * 8, center[h][s]);
+      _mm256_storeu_ps(out_r + h * tokens + s * 8, radius[h][s]);
+    }
+}
 #endif
 
 // One tile, heads [h0, h0 + hn), hn <= heads_per_pass, with the resolved kernel.
@@ -182,6 +254,7 @@ inline void scan_tile(scan_kernel kernel, const quantized_query& p, index_t h0, 
   auto run = [&]<index_t H>() {
 #ifdef FLOE_QUANTIZED_SCAN_HAS_VNNI
     if (kernel == scan_kernel::avx512_vnni) return scan_vnni<H>(p, h0, codes, params, out_c, out_r);
+    if (kernel == scan_kernel::avx2) return scan_avx2<H>(p, h0, codes, params, out_c, out_r);
 #endif
     scan_portable<H>(p, h0, codes, params, out_c, out_r);
   };
