@@ -17,7 +17,7 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #include <immintrin.h>
-#define FLOE_QUANTIZED_SCAN_HAS_VNNI 1
+#define FLOE_QUANTIZED_SCAN_X86 1  // the AVX2 and VNNI kernels and their CPU checks
 #endif
 
 #include <xsimd/xsimd.hpp>
@@ -62,7 +62,7 @@ inline bool code_high(index_t t) { return t % group_dims >= 4; }
 
 // True when this CPU (and its OS) runs the AVX-512 VNNI kernel.
 inline bool vnni_available() {
-#ifdef FLOE_QUANTIZED_SCAN_HAS_VNNI
+#ifdef FLOE_QUANTIZED_SCAN_X86
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vnni");
   return yes;
@@ -73,7 +73,7 @@ inline bool vnni_available() {
 
 // True when this CPU runs the AVX2 kernel (AVX2, FMA, F16C).
 inline bool avx2_available() {
-#ifdef FLOE_QUANTIZED_SCAN_HAS_VNNI
+#ifdef FLOE_QUANTIZED_SCAN_X86
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && [] {
     unsigned a = 0, b = 0, c = 0, d = 0;  // F16C from CPUID leaf 1 (not every compiler's builtin knows it)
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
@@ -156,7 +156,7 @@ void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* cod
     }
 }
 
-#ifdef FLOE_QUANTIZED_SCAN_HAS_VNNI
+#ifdef FLOE_QUANTIZED_SCAN_X86
 // The same for AVX-512 VNNI: the 16 tokens in the lanes, one int32 accumulator per head.
 template <index_t H>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni(const quantized_query& p, index_t h0,
@@ -252,7 +252,7 @@ __attribute__((target("avx2,fma,f16c"))) void scan_avx2(const quantized_query& p
 inline void scan_tile(scan_kernel kernel, const quantized_query& p, index_t h0, index_t hn, const std::uint8_t* codes,
                       const half* params, float* out_c, float* out_r) {
   auto run = [&]<index_t H>() {
-#ifdef FLOE_QUANTIZED_SCAN_HAS_VNNI
+#ifdef FLOE_QUANTIZED_SCAN_X86
     if (kernel == scan_kernel::avx512_vnni) return scan_vnni<H>(p, h0, codes, params, out_c, out_r);
     if (kernel == scan_kernel::avx2) return scan_avx2<H>(p, h0, codes, params, out_c, out_r);
 #endif
