@@ -6,6 +6,10 @@
 #include <cstring>
 #include <type_traits>
 
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include "floe/core/numeric_types.hpp"
 
 namespace floe::detail {
@@ -18,7 +22,16 @@ inline void widen(const T* src, float* dst, index_t n) {
   } else if constexpr (std::is_same_v<T, bfloat16>) {
     for (index_t j = 0; j < n; ++j) dst[j] = bits_float(static_cast<std::uint32_t>(src[j].bits) << 16);
   } else {
-    for (index_t j = 0; j < n; ++j) {
+    index_t j = 0;
+#if defined(__AVX512F__)
+    // The hardware conversion where the caller's flags allow it: exact, Inf and NaN kept.
+    for (; j + 16 <= n; j += 16)
+      _mm512_storeu_ps(dst + j, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j))));
+#elif defined(__F16C__)
+    for (; j + 8 <= n; j += 8)
+      _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
+#endif
+    for (; j < n; ++j) {
       const std::uint32_t h = src[j].bits, em = h & 0x7fffu;
       // Exponent and mantissa moved into float position, rescaled by 2^112: exact for
       // normal and subnormal halves. Inf and NaN keep the all-ones exponent instead.

@@ -95,26 +95,42 @@ inline float kth_largest_radix(const float* key, index_t count, index_t k) {
   return *nth;
 }
 
-// The same value, faster when k is a small part of count: an evenly spaced sample gives
-// a threshold that about 1.25 k keys reach; one branch-free pass keeps those, and the
-// k-th largest among them is the answer when at least k were kept (else the radix path).
-inline float kth_largest(const float* key, index_t count, index_t k) {
-  if (k == 0 || k > count) return -std::numeric_limits<float>::infinity();
+// A threshold that at least k keys reach when k is a small part of count, from an evenly
+// spaced sample (about 1.25 k keys reach it); -inf when sampling does not pay.
+inline float sampled_bar(const float* key, index_t count, index_t k) {
   constexpr index_t sample_size = 2048;
-  if (count < 8 * sample_size || k > count / 4) return kth_largest_radix(key, count, k);
+  if (count < 8 * sample_size || k > count / 4) return -std::numeric_limits<float>::infinity();
   const index_t stride = count / sample_size;
-  thread_local std::vector<float> kept;
-  kept.resize(sample_size);
-  for (index_t j = 0; j < sample_size; ++j) kept[j] = key[j * stride];
+  thread_local std::vector<float> sample;
+  sample.resize(sample_size);
+  for (index_t j = 0; j < sample_size; ++j) sample[j] = key[j * stride];
   const index_t rank = std::min<index_t>(sample_size - 1, (k + k / 4) / stride + 8);  // 0-based, from the top
-  std::nth_element(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(rank), kept.end(), std::greater<float>{});
-  const float bar = kept[rank];
-  kept.resize(count);
+  std::nth_element(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(rank), sample.end(), std::greater<float>{});
+  return sample[rank];
+}
+
+// The positions (ascending) of the keys >= bar, with their keys, in one branch-free pass.
+inline index_t keep_reaching(const float* key, index_t count, float bar, std::vector<index_t>& at, std::vector<float>& kept) {
+  if (at.size() < count) at.resize(count);
+  if (kept.size() < count) kept.resize(count);
   index_t m = 0;
   for (index_t i = 0; i < count; ++i) {
+    at[m] = i;
     kept[m] = key[i];
     m += key[i] >= bar ? 1 : 0;
   }
+  return m;
+}
+
+// The same value as kth_largest_radix, faster when k is a small part of count: only the
+// keys that reach a sampled threshold are ranked (the radix path when fewer than k do).
+inline float kth_largest(const float* key, index_t count, index_t k) {
+  if (k == 0 || k > count) return -std::numeric_limits<float>::infinity();
+  const float bar = sampled_bar(key, count, k);
+  if (bar == -std::numeric_limits<float>::infinity()) return kth_largest_radix(key, count, k);
+  thread_local std::vector<index_t> at;
+  thread_local std::vector<float> kept;
+  const index_t m = keep_reaching(key, count, bar, at, kept);
   if (m < k) return kth_largest_radix(key, count, k);
   std::nth_element(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(k - 1), kept.begin() + static_cast<std::ptrdiff_t>(m),
                    std::greater<float>{});
@@ -123,7 +139,8 @@ inline float kth_largest(const float* key, index_t count, index_t k) {
 
 // The positions (ascending) of the k largest keys among candidates (all of [0, count) when
 // `candidates` is null), ties broken towards the lower position: every key above the k-th
-// largest, then those equal to it in order.
+// largest, then those equal to it in order. Over all of [0, count) with a small k, only
+// the keys reaching a sampled threshold are looked at after one pass.
 inline std::vector<index_t> top_k(const float* key, index_t count, index_t k, const std::vector<index_t>* candidates = nullptr) {
   std::vector<float> gathered;
   if (candidates) {
@@ -135,15 +152,29 @@ inline std::vector<index_t> top_k(const float* key, index_t count, index_t k, co
   k = std::min(k, n);
   std::vector<index_t> chosen;
   if (k == 0) return chosen;
-  const float bar = kth_largest(keys, n, k);
+  // The keys that can be chosen, ascending by position: those reaching a sampled
+  // threshold when at least k do, else all.
+  thread_local std::vector<index_t> at;
+  thread_local std::vector<float> kept, ranked;
+  const float bar = sampled_bar(keys, n, k);
+  const index_t m = bar == -std::numeric_limits<float>::infinity() ? 0 : keep_reaching(keys, n, bar, at, kept);
+  const bool narrowed = m >= k;
+  const index_t pool = narrowed ? m : n;
+  const float* pool_keys = narrowed ? kept.data() : keys;
+  ranked.assign(pool_keys, pool_keys + pool);
+  std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k - 1), ranked.end(), std::greater<float>{});
+  const float kth = ranked[k - 1];
   index_t above = 0;
-  for (index_t j = 0; j < n; ++j) above += keys[j] > bar ? 1 : 0;
+  for (index_t j = 0; j < pool; ++j) above += pool_keys[j] > kth ? 1 : 0;
   index_t ties = k - above;
   chosen.reserve(k);
-  for (index_t j = 0; j < n; ++j) {
-    const bool take = keys[j] > bar || (keys[j] == bar && ties > 0);
-    if (keys[j] == bar && take) --ties;
-    if (take) chosen.push_back(candidates ? (*candidates)[j] : j);
+  for (index_t j = 0; j < pool; ++j) {
+    const bool take = pool_keys[j] > kth || (pool_keys[j] == kth && ties > 0);
+    ties -= take && pool_keys[j] == kth ? 1 : 0;
+    if (take) {
+      const index_t p = narrowed ? at[j] : j;
+      chosen.push_back(candidates ? (*candidates)[p] : p);
+    }
   }
   if (candidates) std::sort(chosen.begin(), chosen.end());
   return chosen;
