@@ -66,7 +66,8 @@ TEST_CASE("scan_completion matches its formula and counts the tier's value bytes
   (void)floe::testing::decode_output(plain, plain.build(kv), kv, q, without);
 
   // The formula, in double: exact part with exact scores; the tier (the best left-out by
-  // shared estimate) with estimated weights; the rest as their estimated mass times
+  // shared estimate, relative to each head's largest estimate over the whole middle, as
+  // the scorer ranks) with estimated weights; the rest as their estimated mass times
   // their mean value.
   topk_anchors<quantized_scan>::selection chosen;
   floe::stats s;
@@ -79,7 +80,7 @@ TEST_CASE("scan_completion matches its formula and counts the tier's value bytes
   std::vector<double> c(heads, -1e300), shared(m, -1e300);
   for (index_t h = 0; h < heads; ++h)
     for (index_t i = 0; i < m; ++i)
-      if (!role[mid.begin + i]) c[h] = std::max<double>(c[h], chosen.estimates[h * m + i]);
+      c[h] = std::max<double>(c[h], chosen.estimates[h * m + i]);
   std::vector<index_t> order;
   for (index_t i = 0; i < m; ++i)
     if (!role[mid.begin + i]) {

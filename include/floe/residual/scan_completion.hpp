@@ -46,6 +46,8 @@ struct scan_completion {
   template <KvView KV, class Selection, class Exec, class Acc>
     requires requires(const Selection& s) {
       s.estimates;
+      s.shared;
+      s.offsets;
       s.middle;
       s.retrieved;
     }
@@ -62,97 +64,91 @@ struct scan_completion {
             "scan_completion needs the scorer's score estimates of the middle (quantized_scan or exact_scan), got ",
             sel.estimates.size(), " for ", g, " heads x ", n, " tokens");
     const float* e = sel.estimates.data();
-    // 0: left out, 1: read exactly, 2: in the value tier.
-    thread_local std::vector<unsigned char> role;
-    role.assign(n, 0);
-    for (const token_range& r : sel.retrieved)
-      for (index_t i = r.begin; i < r.end; ++i) role[i - mid.begin] = 1;
-
-    // skip[i]: 0 for a left-out token, -inf for one read, added to its estimates so the
-    // passes below run branch-free in vector lanes.
-    const float none = -std::numeric_limits<float>::infinity();
-    thread_local std::vector<float> skip;
-    skip.resize(n);
-    for (index_t i = 0; i < n; ++i) skip[i] = role[i] == 0 ? 0.f : none;
-    // Per-head reference c_h (largest left-out estimate) and the group's shared score.
-    std::vector<float> c(g, none);
-    for (index_t h = 0; h < g; ++h) {
-      float top[16];  // independent lanes, so the loop vectorises
-      std::fill(top, top + 16, none);
-      index_t i = 0;
-      for (; i + 16 <= n; i += 16)
-        for (index_t l = 0; l < 16; ++l) top[l] = std::max(top[l], e[h * n + i + l] + skip[i + l]);
-      for (; i < n; ++i) top[0] = std::max(top[0], e[h * n + i] + skip[i]);
-      c[h] = *std::max_element(top, top + 16);
-    }
+    // c_h: head h's largest estimate over the whole middle, as the scorer ranks (taken from
+    // the selection when the scorer kept it). The shared score ranks the tier; read tokens
+    // get -inf.
+    const bool given = sel.shared.size() == n && sel.offsets.size() == g;  // the scorer made them
+    const std::vector<float> c = given ? sel.offsets : select::ranking::head_maxima(e, g, n, n);
     thread_local std::vector<float> shared;
-    shared.assign(n, none);
-    for (index_t h = 0; h < g; ++h) {
-      const float* __restrict eh = e + h * n;
-      float* __restrict out = shared.data();
-      const float* __restrict sk = skip.data();
-      for (index_t i = 0; i < n; ++i) out[i] = std::max(out[i], eh[i] - c[h] + sk[i]);
+    if (given) shared.assign(sel.shared.begin(), sel.shared.end());
+    else {
+      shared.resize(n);
+      select::ranking::shared_scores(e, g, n, n, c, shared.data());
     }
+    for (const token_range& r : sel.retrieved)
+      std::fill(shared.begin() + (r.begin - mid.begin), shared.begin() + (r.end - mid.begin),
+                -std::numeric_limits<float>::infinity());
     const index_t left = n - read_in_middle;
     const index_t tier = std::min<index_t>(
         left, static_cast<index_t>(std::llround(value_tier * static_cast<double>(sel.count()))));
-    if (tier > 0) {
-      const float bar = select::ranking::kth_largest(shared.data(), n, tier);
-      index_t taken = 0;
-      for (index_t i = 0; i < n; ++i) {  // every one above the bar (fewer than `tier`), branch-free
-        const bool above = shared[i] > bar;  // never for a read token: its shared score is -inf
-        role[i] = above ? 2 : role[i];
-        skip[i] = above ? none : skip[i];
-        taken += above ? 1 : 0;
-      }
-      for (index_t i = 0; i < n && taken < tier; ++i)  // then ties, in order
-        if (role[i] == 0 && shared[i] == bar) role[i] = 2, skip[i] = none, ++taken;
-    }
+    // The tier: the `tier` best left-out tokens by shared score, ascending, ties by position.
+    const std::vector<index_t> tier_rows = tier > 0 ? select::ranking::top_k(shared.data(), n, tier) : std::vector<index_t>{};
 
-    // Estimated mass of the tokens neither read nor in the tier, per head: vector lanes
-    // over the middle, exp of estimates <= 0, float partial sums flushed to double.
-    std::vector<double> rest(g, 0.0);
+    // Rows read by the exact part or the tier, relative to the middle: their estimated
+    // weights come off the middle's total, their values off the middle's value sum.
+    thread_local std::vector<index_t> taken;
+    taken.clear();
+    for (const token_range& r : sel.retrieved)
+      for (index_t i = r.begin; i < r.end; ++i) taken.push_back(i - mid.begin);
+    const index_t read_rows = taken.size();
+    taken.insert(taken.end(), tier_rows.begin(), tier_rows.end());
+
+    // Per head: the estimated mass of the whole middle (vector lanes, float partial sums of
+    // at most 64 L terms <= 1 flushed to double), less that of the taken rows; the tier's
+    // weights are kept for the value pass. The difference loses ~1e-7 of the middle's
+    // mass, far below an estimate's own error.
     using lanes = xsimd::batch<float>;
     constexpr index_t L = lanes::size, flush = 64 * L;
+    std::vector<double> rest(g, 0.0), mass(g, 0.0);
+    thread_local std::vector<float> weight;  // [h][taken]
+    weight.resize(g * taken.size());
     for (index_t h = 0; h < g; ++h) {
       const float* eh = e + h * n;
-      const lanes ch(c[h]), zero(0.f);
+      const lanes ch(c[h]);
       for (index_t i0 = 0; i0 < n; i0 += flush) {
         const index_t i1 = std::min(n, i0 + flush);
         lanes acc(0.f);
         index_t i = i0;
-        for (; i + L <= i1; i += L)  // exp(-inf) = 0 for the skipped; min keeps the rest <= 1
-          acc += xsimd::exp(xsimd::min(lanes::load_unaligned(eh + i) - ch + lanes::load_unaligned(skip.data() + i), zero));
+        for (; i + L <= i1; i += L) acc += xsimd::exp(lanes::load_unaligned(eh + i) - ch);
         double sum = xsimd::hadd(acc);
-        for (; i < i1; ++i)
-          if (role[i] == 0) sum += std::exp(static_cast<double>(eh[i] - c[h]));
+        for (; i < i1; ++i) sum += std::exp(static_cast<double>(eh[i] - c[h]));
         rest[h] += sum;
       }
+      float* w = weight.data() + h * taken.size();
+      for (index_t j = 0; j < taken.size(); ++j) w[j] = eh[taken[j]] - c[h];
+      index_t j = 0;
+      for (; j + L <= taken.size(); j += L) xsimd::exp(lanes::load_unaligned(w + j)).store_unaligned(w + j);
+      for (; j < taken.size(); ++j) w[j] = std::exp(w[j]);
+      double off = 0.0;
+      for (j = 0; j < taken.size(); ++j) off += w[j];
+      for (j = read_rows; j < taken.size(); ++j) mass[h] += w[j];
+      rest[h] = std::max(0.0, rest[h] - off);
     }
-    // The tier's rows enter with their estimated weights; they and the rows the exact
-    // part read are taken off the middle's value sum.
+
+    // Values: every taken row into the read sum; the tier's rows also into the numerators
+    // with their weights. Exact rows were just read by the exact part (cache-warm); the
+    // tier's are scattered, so rows are asked for ahead.
     // Float sums (weights <= 1, a few thousand rows): an estimate's own error is larger.
-    std::vector<double> mass(g, 0.0);
     std::vector<float> numer(g * dv, 0.f), read_sum(dv, 0.f), v(dv);
-    thread_local std::vector<index_t> rows;
-    rows.resize(n);
-    index_t count = 0;
-    for (index_t i = 0; i < n; ++i) {  // branch-free compaction
-      rows[count] = i;
-      count += role[i] != 0 ? 1 : 0;
-    }
     constexpr index_t ahead = 16;  // rows in flight: the gather is latency-bound
-    for (index_t r = 0; r < count; ++r) {
-      if (r + ahead < count) floe::detail::prefetch_row(kv.value_row(mid.begin + rows[r + ahead]), dv);
-      const index_t i = rows[r];
-      floe::detail::widen(kv.value_row(mid.begin + i), v.data(), dv);
-      for (index_t j = 0; j < dv; ++j) read_sum[j] += v[j];
-      if (role[i] == 1) continue;
+    for (index_t r = 0; r < taken.size(); ++r) {
+      if (r + ahead < taken.size()) floe::detail::prefetch_row(kv.value_row(mid.begin + taken[r + ahead]), dv);
+      floe::detail::widen(kv.value_row(mid.begin + taken[r]), v.data(), dv);
+      {
+        index_t j = 0;
+        for (; j + L <= dv; j += L)
+          (lanes::load_unaligned(read_sum.data() + j) + lanes::load_unaligned(v.data() + j)).store_unaligned(read_sum.data() + j);
+        for (; j < dv; ++j) read_sum[j] += v[j];
+      }
+      if (r < read_rows) continue;
       for (index_t h = 0; h < g; ++h) {
-        const float w = std::exp(e[h * n + i] - c[h]);
-        mass[h] += w;
-        float* out = numer.data() + h * dv;
-        for (index_t j = 0; j < dv; ++j) out[j] += w * v[j];
+        const float w = weight[h * taken.size() + r];
+        float* __restrict out = numer.data() + h * dv;
+        const lanes wl(w);
+        index_t j = 0;
+        for (; j + L <= dv; j += L)
+          xsimd::fma(wl, lanes::load_unaligned(v.data() + j), lanes::load_unaligned(out + j)).store_unaligned(out + j);
+        for (; j < dv; ++j) out[j] += w * v[j];
       }
     }
     io.value_bytes += static_cast<std::uint64_t>(tier) * dv * sizeof(typename KV::element_type);

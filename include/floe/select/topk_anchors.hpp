@@ -37,6 +37,10 @@ struct anchored_selection : floe::selection {
   // The scorer's score per head for every middle token, [heads, middle.size()], when it
   // makes one (quantized_scan: 4-bit estimates; exact_scan: exact), else empty.
   std::vector<float> estimates;
+  // From the same scorers: each middle token's group-shared score max_h (e_h,i - c_h) and
+  // the c_h it is relative to (head h's largest estimate), else empty.
+  std::vector<float> shared;
+  std::vector<float> offsets;
 };
 
 namespace detail {
@@ -93,6 +97,8 @@ struct topk_anchors {
     out.clear();
     out.retrieved.clear();
     out.estimates.clear();
+    out.shared.clear();
+    out.offsets.clear();
     validate_query(q, kv.d());
     check_anchors(kv.n());
     const index_t n = kv.n();

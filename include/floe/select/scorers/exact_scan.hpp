@@ -34,7 +34,8 @@ struct exact_scan {
   // Adds the chosen tokens of `middle` to `out` in increasing order: the k of largest
   // shared score (k from the budget when it is a mass budget). Returns true: the keys
   // of every chosen token were read, and counted, while choosing.
-  // A selection with an `estimates` member keeps the exact scores there.
+  // A selection with `estimates`, `shared` and `offsets` members keeps the exact scores,
+  // the shared scores and the head maxima there.
   template <KvView KV, class Exec, class Selection>
   bool choose(const index&, const KV& kv, const query_group& q, const Exec& exec, token_range middle, index_t k,
               const budget& b, Selection& out, stats& io) const {
@@ -43,10 +44,12 @@ struct exact_scan {
     for (index_t h = 0; h < q.heads; ++h) exec.score(kv, q, h, middle, z.data() + h * n);
     io.key_bytes += static_cast<std::uint64_t>(n) * kv.d() * sizeof(typename KV::element_type);
     if (b.kind == budget::unit::mass) k = ranking::top_p_count(z.data(), q.heads, n, n, b);
-    std::vector<float> shared(n);
-    ranking::shared_scores(z.data(), q.heads, n, n, ranking::head_maxima(z.data(), q.heads, n, n), shared.data());
+    std::vector<float> shared(n), offsets = ranking::head_maxima(z.data(), q.heads, n, n);
+    ranking::shared_scores(z.data(), q.heads, n, n, offsets, shared.data());
     for (index_t i : ranking::top_k(shared.data(), n, k)) out.add(middle.begin + i, middle.begin + i + 1);
     if constexpr (requires { out.estimates; }) out.estimates = std::move(z);
+    if constexpr (requires { out.shared; }) out.shared = std::move(shared);
+    if constexpr (requires { out.offsets; }) out.offsets = std::move(offsets);
     return true;
   }
 };

@@ -43,9 +43,11 @@ struct quantized_scan {
     std::vector<float> offsets;   // c_h: head h's largest estimate
   };
 
-  // The estimates go to `keep` ([heads, middle.size()]) when given, else to scratch.
+  // The estimates go to `keep` ([heads, middle.size()]) when given, else to scratch; the
+  // shared scores (when k > 0) to `keep_shared` when given.
   candidate_set candidates(const index& idx, const query_group& q, token_range middle, index_t k, const budget& b,
-                           stats& io, std::vector<float>* keep = nullptr) const {
+                           stats& io, std::vector<float>* keep = nullptr,
+                           std::vector<float>* keep_shared = nullptr) const {
     struct estimate_tag;
     struct radius_tag;
     struct lower_tag;
@@ -63,7 +65,8 @@ struct quantized_scan {
     cs.k = k;
     cs.offsets = ranking::head_maxima(estimate, g, n, n);
     if (k == 0) return cs;
-    float* shared = ranking::scratch<shared_tag>(n);
+    if (keep_shared) keep_shared->resize(n);
+    float* shared = keep_shared ? keep_shared->data() : ranking::scratch<shared_tag>(n);
     if (by_estimate) {  // the k best by shared estimate are the choice
       ranking::shared_scores(estimate, g, n, n, cs.offsets, shared);
       cs.tokens = ranking::top_k(shared, n, k);
@@ -104,14 +107,18 @@ struct quantized_scan {
 
   // Adds the chosen tokens of `middle` to `out` in increasing order. Returns true when
   // the exact keys of every chosen token were read (and counted) for the re-rank.
-  // A selection with an `estimates` member keeps the scan's estimates there.
+  // A selection with `estimates`, `shared` and `offsets` members keeps the scan's
+  // estimates, the shared scores and the head maxima there.
   template <KvView KV, class Exec, class Selection>
   bool choose(const index& idx, const KV& kv, const query_group& q, const Exec&, token_range middle, index_t k,
               const budget& b, Selection& out, stats& io) const {
     require(idx.d() == kv.d(), "index", "4-bit keys of d = ", idx.d(), " for a cache of d = ", kv.d());
-    std::vector<float>* keep = nullptr;
+    std::vector<float>*keep = nullptr, *keep_shared = nullptr;
     if constexpr (requires { out.estimates; }) keep = &out.estimates;
-    const candidate_set cs = candidates(idx, q, middle, k, b, io, keep);
+    if constexpr (requires { out.shared; }) keep_shared = &out.shared;
+    const candidate_set cs = candidates(idx, q, middle, k, b, io, keep, keep_shared);
+    if constexpr (requires { out.offsets; })
+      if (keep_shared && keep_shared->size() == middle.size()) out.offsets = cs.offsets;
     k = cs.k;
     if (k >= middle.size()) {
       out.add(middle.begin, middle.end);
