@@ -4,10 +4,14 @@
 // One iteration = one decode step of every KV head; KV heads run on FLOE_BENCH_THREADS
 // threads (default 1), each head's step on one thread, for dense and topk alike.
 // Environment: FLOE_BENCH_N, FLOE_BENCH_KV_HEADS, FLOE_BENCH_GQA, FLOE_BENCH_THREADS,
-// FLOE_BENCH_HUGE_PAGES (default 1: the KV cache on transparent huge pages).
+// FLOE_BENCH_HUGE_PAGES (default 1: the KV cache on transparent huge pages),
+// FLOE_BENCH_COLD_MIB (default 1024: between steps, outside the timing, a buffer of this
+// many MiB is read so that the step starts with no KV, index or selection in the caches,
+// as in an engine that steps every layer in turn; 0 keeps them warm).
 // docs/methods/retrieval-completion.md, "speed".
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <memory>
@@ -63,6 +67,22 @@ const workload& data() {
   return w;
 }
 
+// Evicts the caches between steps: the 4-bit index and the chosen rows of 8 heads fit in
+// a 260-300 MiB L3, where a real model's dozens of layers would not.
+void evict_caches() {
+  static const index_t mib = env_or("FLOE_BENCH_COLD_MIB", 1024);
+  static std::vector<std::uint64_t> junk(mib << 17, 1);
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < junk.size(); i += 8) sum += junk[i];
+  benchmark::DoNotOptimize(sum);
+}
+
+void start_cold(benchmark::State& bench) {
+  bench.PauseTiming();
+  evict_caches();
+  bench.ResumeTiming();
+}
+
 floe::thread_pool& pool() {
   static floe::thread_pool p(env_or("FLOE_BENCH_THREADS", 1));
   return p;
@@ -78,6 +98,7 @@ void run(benchmark::State& bench, const Est& est) {
   std::vector<float> out(w.heads * w.g * w.dv);
   std::vector<floe::stats> io(w.heads);
   for (auto _ : bench) {
+    start_cold(bench);
     pool().parallel_for(w.heads, [&](index_t h) {
       est.decode(states[h], w.kv(h), w.q(h), exec, floe::output_group<float>{out.data() + h * w.g * w.dv, w.g, w.dv, 0},
                  io[h]);
@@ -125,6 +146,13 @@ void topk_quantized_scan_completion(benchmark::State& s) {
   using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
   run(s, floe::estimator<sel, floe::residual::scan_completion>(five_percent(data().n), {}));
 }
+// The k best by estimate completed from the same estimates, value tier = arg / 100.
+void topk_quantized_by_estimate_scan_completion(benchmark::State& s) {
+  using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
+  auto chooser = five_percent(data().n);
+  chooser.scorer.rerank_factor = 1.0;
+  run(s, floe::estimator<sel, floe::residual::scan_completion>(chooser, {static_cast<double>(s.range(0)) / 100}));
+}
 // The phases of one topk_anchors<quantized_scan>+feature_map step, timed apart over the
 // same heads: choosing (4-bit scan, bounds, re-rank), attending the chosen tokens, and
 // the feature-map estimate.
@@ -156,32 +184,38 @@ void phase_select(benchmark::State& s) {
   const workload& w = data();
   std::vector<phases::sel::selection> out(w.heads);
   std::vector<floe::stats> io(w.heads);
-  for (auto _ : s)
+  for (auto _ : s) {
+    start_cold(s);
     pool().parallel_for(w.heads, [&](index_t h) { p.selector.select(p.sidx[h], w.kv(h), w.q(h), floe::exec::simd{}, out[h], io[h]); });
+  }
 }
 
 void phase_attend(benchmark::State& s) {
   const auto& p = phase_data();
   const workload& w = data();
   const floe::exec::simd exec;
-  for (auto _ : s)
+  for (auto _ : s) {
+    start_cold(s);
     pool().parallel_for(w.heads, [&](index_t h) {
       floe::partial_set<float> parts(w.g, w.dv);
       exec.attend(w.kv(h), w.q(h), p.chosen[h].ranges, parts);
       benchmark::DoNotOptimize(parts.l(0));
     });
+  }
 }
 
 void phase_feature_map(benchmark::State& s) {
   const auto& p = phase_data();
   const workload& w = data();
   std::vector<floe::stats> io(w.heads);
-  for (auto _ : s)
+  for (auto _ : s) {
+    start_cold(s);
     pool().parallel_for(w.heads, [&](index_t h) {
       floe::partial_set<float> parts(w.g, w.dv);
       p.residual.estimate(p.ridx[h], w.kv(h), w.q(h), p.chosen[h], floe::exec::simd{}, parts, io[h]);
       benchmark::DoNotOptimize(parts.l(0));
     });
+  }
 }
 }  // namespace
 
@@ -192,6 +226,7 @@ BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_none)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_none_by_estimate)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_scan_completion)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_by_estimate_scan_completion)->Arg(50)->Arg(200)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_feature_map)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check
 
