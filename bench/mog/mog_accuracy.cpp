@@ -5,12 +5,13 @@
 //   floe-mog-accuracy [--synthetic N | --data DIR] [--dtype f16] [--kv-heads H]
 //                     [--budgets 0.01,0.02,0.03,0.05] [--threads 2] [--window W]
 //                     [--refine R] [--optimism O] [--clusters C] [--subclusters S] [--outliers F | --outlier-share B] [--outlier-sigma Z]
-//                     [--query-metric] [--append A] [--join-sigma S] [--split-factor F]
-//                     [--maximin]
+//                     [--query-metric] [--append A] [--join-sigma S] [--split-factor F] [--segment-growth G]
+//                     [--maximin] [--breakdown]
 // --query-metric builds the k-means metric from the queries of the second half of the
 // decode steps and reports errors on the first half only. --append A builds on the first
 // n - A tokens, appends the last A (index append) and also reports a fresh build on all n.
 // --maximin lets the GQA heads take turns (greedy maximin of covered mass) instead of ranking by the largest share of any head.
+// --breakdown prints where the error comes from (mog_breakdown.hpp).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,6 +34,7 @@
 #include "floe/select/mog_clusters.hpp"
 #include "floe/select/oracle_topk.hpp"
 #include "floe/testing/synthetic_kv.hpp"
+#include "mog_breakdown.hpp"
 
 namespace {
 
@@ -48,6 +50,7 @@ struct options {
   bool outliers_given = false;  // --outliers: one cap for every budget
   double outlier_share = select::mog_clusters::outlier_share;  // else at most this share of each budget
   bool query_metric = false;  // build with the queries of the second half of the steps, test on the first
+  bool breakdown = false;     // per-query counterfactual errors (mog_breakdown.hpp)
 };
 
 std::vector<double> parse_list(const std::string& s) {
@@ -84,8 +87,10 @@ options parse(int argc, char** argv) {
     else if (a == "--key-metric") o.key_metric = true;
     else if (a == "--append") o.append = std::stoul(next());
     else if (a == "--maximin") o.selector.maximin = true;
+    else if (a == "--breakdown") o.breakdown = true;
     else if (a == "--join-sigma") o.selector.config.join_sigma = std::stod(next());
     else if (a == "--split-factor") o.selector.config.split_factor = std::stod(next());
+    else if (a == "--segment-growth") o.selector.config.segment_growth = std::stod(next());
     else if (a == "--ridge") o.selector.config.query_metric_ridge = std::stod(next());
     else throw invalid_argument(a.c_str(), "unknown option");
   }
@@ -153,10 +158,12 @@ int main(int argc, char** argv) try {
 
   // Per budget: mog, mog_clusters+none, oracle_topk at mog's bytes.
   std::vector<tally> mog(nb), ablation(nb), oracle(nb), appended(nb);
+  std::vector<std::vector<bench::mog_breakdown>> parts(nb), appended_parts(nb);
   std::vector<index_t> rebuilds(dump.kv_heads, 0);
   std::vector<double> build_seconds(dump.kv_heads), index_frac(dump.kv_heads);
   std::vector<mog_memory> memory(dump.kv_heads);
   std::vector<index_t> shape(3 * dump.kv_heads);  // clusters, subclusters, outliers
+  std::vector<std::pair<index_t, index_t>> grown_outliers(dump.kv_heads);  // of the appended index at the last budget
   std::mutex merge;
   for_threads(dump.kv_heads, opt.threads, [&](index_t h) {
     dump.visit_head(h, [&](const auto& kv) {
@@ -186,15 +193,18 @@ int main(int argc, char** argv) try {
         per_budget[b] = capped.build(kv);
         index_of[b] = &per_budget[b];
       }
-      mog_index grown;  // built on the first n - append tokens, then grown by append()
-      if (opt.append) {
+      // Per budget: built on the first n - append tokens with that budget's configuration,
+      // then grown by append() one decode step at a time.
+      std::vector<mog_index> grown(opt.append ? nb : 0);
+      for (index_t b = 0; b < grown.size(); ++b) {
         using T = typename std::decay_t<decltype(kv)>::element_type;
         const kv_view<T> prefix(kv.key_row(0), kv.value_row(0), kv.n() - opt.append, kv.d(), kv.dv());
-        grown = mog_index::build(prefix, builder.config);
-        const auto generation = grown.generation();
-        for (index_t step = prefix.n() + 1; step <= kv.n(); ++step)  // one decode step at a time
-          grown.append(kv_view<T>(kv.key_row(0), kv.value_row(0), step, kv.d(), kv.dv()));
-        rebuilds[h] = grown.generation() - generation;
+        grown[b] = mog_index::build(prefix, index_of[b]->config());
+        const auto generation = grown[b].generation();
+        for (index_t step = prefix.n() + 1; step <= kv.n(); ++step)
+          grown[b].append(kv_view<T>(kv.key_row(0), kv.value_row(0), step, kv.d(), kv.dv()));
+        rebuilds[h] += grown[b].generation() - generation;
+        if (b + 1 == nb) grown_outliers[h] = {grown[b].outliers().size(), index_of[b]->outliers().size()};
       }
       build_seconds[h] = index.build_seconds();
       index_frac[h] = static_cast<double>(index.bytes()) / kv_bytes;
@@ -228,7 +238,19 @@ int main(int argc, char** argv) try {
           const estimator<select::mog_clusters, residual::none> without(sel, {});
           const stats s = record(m[b], with, decltype(with)::state{*index_of[b], {}});
           record(a[b], without, decltype(without)::state{*index_of[b], {}});
-          if (opt.append) record(ap[b], with, decltype(with)::state{grown, {}});
+          if (opt.append) record(ap[b], with, decltype(with)::state{grown[b], {}});
+          auto explain = [&](const mog_index& idx, std::vector<bench::mog_breakdown>& into) {
+            select::mog_clusters::selection chosen;
+            stats ignored_stats;
+            sel.select(idx, kv, q, exec::scalar{}, chosen, ignored_stats);
+            const auto r = bench::breakdown(idx, chosen, kv, q, ref);
+            std::lock_guard lock(merge);
+            into.insert(into.end(), r.begin(), r.end());
+          };
+          if (opt.breakdown) {
+            explain(*index_of[b], parts[b]);
+            if (opt.append) explain(grown[b], appended_parts[b]);
+          }
           // The oracle attends as many tokens as MoG's bytes (summaries included) would buy.
           const auto k = static_cast<index_t>(static_cast<double>(s.bytes_read()) /
                                               static_cast<double>((kv.d() + kv.dv()) * dump.element_bytes()));
@@ -277,8 +299,44 @@ int main(int argc, char** argv) try {
   if (opt.append) {
     index_t total = 0;
     for (auto r : rebuilds) total += r;
-    std::printf("append: %zu tokens appended one step at a time; %zu re-clusterings over %zu KV heads\n", opt.append, total,
-                dump.kv_heads);
+    std::printf("append: %zu tokens appended one step at a time; %zu re-clusterings over %zu KV heads and %zu budgets; "
+                "KV head 0 at budget %.3f: %zu outliers appended-index, %zu fresh\n",
+                opt.append, total, dump.kv_heads, nb, opt.budgets.back(), grown_outliers[0].first, grown_outliers[0].second);
+  }
+  if (opt.breakdown) {
+    std::printf("breakdown: p90 (and mean over the worst tenth of queries) of the error with one class of residual "
+                "groups replaced by the truth\n%-16s %6s %15s %15s %15s %15s %15s %15s %15s %9s %9s\n", "index",
+                "budget", "as estimated", "clusters", "subclusters", "spiky groups", "smooth groups", "mass only",
+                "value only", "resid", "missed");
+    auto print = [&](const char* name, double budget, std::vector<bench::mog_breakdown> v) {
+      if (v.empty()) return;
+      std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.error < b.error; });
+      const index_t worst = v.size() - std::max<index_t>(1, v.size() / 10);
+      auto col = [&](double bench::mog_breakdown::*f) {
+        std::vector<double> all;
+        double tail = 0;
+        for (index_t i = 0; i < v.size(); ++i) {
+          all.push_back(v[i].*f);
+          if (i >= worst) tail += v[i].*f / static_cast<double>(v.size() - worst);
+        }
+        std::printf(" %7.4f (%5.3f)", quantile(all, 0.9), tail);
+      };
+      std::printf("%-16s %6.3f", name, budget);
+      for (auto f : {&bench::mog_breakdown::error, &bench::mog_breakdown::fix_clusters, &bench::mog_breakdown::fix_subclusters,
+                     &bench::mog_breakdown::fix_spiky, &bench::mog_breakdown::fix_smooth, &bench::mog_breakdown::fix_mass,
+                     &bench::mog_breakdown::fix_value})
+        col(f);
+      double resid = 0, missed = 0;
+      for (index_t i = worst; i < v.size(); ++i) {
+        resid += v[i].residual_share / static_cast<double>(v.size() - worst);
+        missed += v[i].missed_share / static_cast<double>(v.size() - worst);
+      }
+      std::printf(" %9.4f %9.4f\n", resid, missed);
+    };
+    for (index_t b = 0; b < nb; ++b) {
+      print("mog", opt.budgets[b], parts[b]);
+      print("mog(appended)", opt.budgets[b], appended_parts[b]);
+    }
   }
   if (synthetic) {
     std::printf("mog error p50 / p90 by synthetic head role at budget %.3f:\n", opt.budgets.back());

@@ -1,7 +1,8 @@
 // MoG decode speed against dense decode on floe::exec::simd, in the same run, on the
 // synthetic cache (fp16, d = dv = 128): N = 8K ... 512K, one query head per KV head and
 // GQA-4, at a 5 % budget and at a fixed 2048-token budget; the per-token-range layout
-// against the adopted clustered layout; index build time and memory with 1 and 2 threads.
+// against the adopted clustered layout; index build time and memory with 1 and 2 threads;
+// append time per token.
 // docs/methods/mog.md has the command and the figures.
 #include <benchmark/benchmark.h>
 
@@ -145,6 +146,22 @@ void mog_build(benchmark::State& state) {
   state.counters["index_bytes_frac"] = static_cast<double>(bytes) / static_cast<double>(h.n * 2 * h.d * sizeof(half));
 }
 
+// args: n, appended tokens. Builds on the first n - appended tokens (not timed), then appends
+// the rest one decode step at a time; the time is per appended token.
+void mog_append(benchmark::State& state) {
+  const auto& h = data(state.range(0), 1);
+  const auto appended = static_cast<index_t>(state.range(1));
+  const auto cfg = select::mog_clusters::with_budget(budget::fraction(0.05), h.n).config;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto idx = mog_index::build(kv_view<half>(h.keys.data(), h.values.data(), h.n - appended, h.d, h.d), cfg);
+    state.ResumeTiming();
+    for (index_t n = h.n - appended + 1; n <= h.n; ++n) idx.append(kv_view<half>(h.keys.data(), h.values.data(), n, h.d, h.d));
+    benchmark::DoNotOptimize(idx.tokens());
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(1));
+}
+
 void shapes(benchmark::internal::Benchmark* b, bool with_budget) {
   for (std::int64_t n : {8192, 32768, 131072, 524288})
     for (std::int64_t g : {1, 4}) {
@@ -160,5 +177,6 @@ BENCHMARK(dense_decode)->Apply([](auto* b) { shapes(b, false); })->Unit(benchmar
 BENCHMARK(mog_decode)->Apply([](auto* b) { shapes(b, true); })->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(mog_decode_clustered_layout)->Apply([](auto* b) { shapes(b, true); })->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(mog_build)->Args({131072, 1})->Args({131072, 2})->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK(mog_append)->Args({32768, 4096})->Args({131072, 16384})->Unit(benchmark::kMillisecond)->Iterations(1);
 
 BENCHMARK_MAIN();

@@ -269,3 +269,34 @@ TEST_CASE("mog_index: appended tokens of a new topic form new clusters instead o
   for (index_t s = 0; s < idx.subclusters(); ++s)
     REQUIRE(idx.count(idx.clusters() + s) <= std::max<index_t>(3 * largest_before, 3 * 2800 / idx.subclusters() + 1));
 }
+
+TEST_CASE("mog_index: appended tokens are re-partitioned among themselves; built clusters stay; a needle becomes exact", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(710);
+  random_kv<float> kv(g, 4000, 32, 8);
+  floe::testing::make_clustered(kv, g, 8);
+  const index_t needle = 3500;
+  kv.keys[needle * 32 + 5] += 40.f;  // one appended key 80 sigma out of every topic
+  mog_config cfg;
+  cfg.tail_capacity = 64;
+  cfg.rebuild_growth = 10;  // no full re-clustering here
+  cfg.rebuild_drift = 1e9;
+  auto prefix = [&](index_t n) { return kv_view<float>(kv.keys.data(), kv.values.data(), n, 32, 8); };
+  auto idx = mog_index::build(prefix(3000), cfg);
+  const index_t built = idx.clusters(), generation = idx.generation();
+  std::vector<std::vector<std::uint32_t>> built_members;
+  for (index_t s = 0; s < idx.first_subcluster(built); ++s) built_members.emplace_back(idx.members(s).begin(), idx.members(s).end());
+  for (index_t n = 3001; n <= 4000; ++n) idx.append(prefix(n));  // one decode step at a time
+  REQUIRE(idx.generation() == generation);
+  REQUIRE(idx.tokens() > 3900);
+  check_partition(idx);
+  check_moments(idx, prefix(idx.tokens()), 2e-3);
+  // The built clusters keep exactly their members; appended tokens are in clusters of their own.
+  REQUIRE(idx.first_subcluster(built) == built_members.size());
+  for (index_t s = 0; s < built_members.size(); ++s)
+    REQUIRE(std::equal(built_members[s].begin(), built_members[s].end(), idx.members(s).begin(), idx.members(s).end()));
+  REQUIRE(idx.clusters() > built);
+  // The needle is an exact token, not averaged into a group.
+  REQUIRE(std::find(idx.outliers().begin(), idx.outliers().end(), needle) != idx.outliers().end());
+  REQUIRE(idx.outliers().size() <= idx.tokens() / 50);  // outlier_fraction 2 %
+}

@@ -33,6 +33,8 @@ struct mog_config {
   double rebuild_growth = 0.5;    // re-cluster once appended tokens reach this fraction of those clustered at build
   double rebuild_drift = 2.0;     // ... or once they lie this many times farther from their centroids (mean squared)
   index_t rebuild_min_tokens = 1024;  // the drift test needs this many appended tokens to be meaningful
+  double segment_growth = 0.25;    // re-partition the appended tokens among themselves once those joined since
+  index_t segment_min_tokens = 512;  // ... the last time reach this fraction of them (and at least this many)
   double split_factor = 3.0;      // a (sub)cluster grown past this x the mean size at build is re-clustered alone
   double join_sigma = 4.0;        // an appended token joins a cluster if its squared distance is within
                                   // spread (1 + join_sigma sqrt(2/d)), spread = the members' mean (chi-square tail)
@@ -126,6 +128,10 @@ class mog_index {
     check_values(kv, first, end);
     join_tokens(kv, keys, first, parallel_for);
     split_oversized(kv);
+    const index_t unpartitioned = appended_ - segment_size_;
+    if (appended_ >= cfg_.segment_min_tokens &&
+        static_cast<double>(unpartitioned) >= cfg_.segment_growth * static_cast<double>(segment_size_))
+      repartition_appended(kv, parallel_for);
     if (static_cast<double>(appended_) >= cfg_.rebuild_growth * static_cast<double>(n_at_build_) ||
         (joined_ >= cfg_.rebuild_min_tokens &&
          appended_sq_dist_ > cfg_.rebuild_drift * built_mean_sq_dist_ * static_cast<double>(joined_)))
@@ -247,13 +253,13 @@ class mog_index {
     }
     n_ = n;
     clear_summaries();
-    regroup(0, 0);
+    regroup(0, 0, 0);
     compute_moments(kv, clusters_from(0), parallel_for);
     built_mean_sq_dist_ = 0.0;
     for (index_t c = 0; c < clusters_; ++c) built_mean_sq_dist_ += static_cast<double>(counts_[c]) * metric_spread(c);
     built_mean_sq_dist_ /= static_cast<double>(std::max<index_t>(n_ - sinks_ - outliers_.size(), 1));
     n_at_build_ = n;
-    appended_ = joined_ = 0;
+    appended_ = joined_ = segment_size_ = 0;
     built_clusters_ = clusters_;
     built_subclusters_ = subclusters_;
     appended_sq_dist_ = 0.0;
@@ -285,7 +291,8 @@ class mog_index {
 
   // k clusters of the rows of keys, each split into up to s subclusters; positions are row
   // numbers. With `mahalanobis`, also each row's leave-one-out squared Mahalanobis distance
-  // (diagonal) to its cluster: the worst-case z-score of its score over query directions.
+  // (diagonal) to its cluster: the worst-case z-score of its score over query directions;
+  // the largest float for members of clusters too small to judge (isolated keys).
   std::vector<cluster_members> two_level(const row_matrix& keys, index_t k, index_t s, const parallel_for_fn& parallel_for,
                                          std::vector<float>* mahalanobis) const {
     const index_t n = static_cast<index_t>(keys.rows());
@@ -298,7 +305,9 @@ class mog_index {
       const auto& rows = in_cluster[c];
       row_matrix x(static_cast<Eigen::Index>(rows.size()), keys.cols());
       for (index_t j = 0; j < rows.size(); ++j) x.row(static_cast<Eigen::Index>(j)) = keys.row(rows[j]);
-      if (mahalanobis && rows.size() >= 8) {
+      if (mahalanobis && rows.size() < min_outlier_group)  // isolated keys: no spread to judge them by, and
+        for (auto r : rows) (*mahalanobis)[r] = std::numeric_limits<float>::max();  // cheaper exact than as a group
+      if (mahalanobis && rows.size() >= min_outlier_group) {
         const Eigen::RowVectorXd mean = x.cast<double>().colwise().mean();
         const Eigen::RowVectorXd var = (x.cast<double>().rowwise() - mean).array().square().colwise().mean();
         // Leave-one-out: a lone far point must not hide by inflating the variance it is judged by.
@@ -354,16 +363,7 @@ class mog_index {
     if (outliers.empty()) return outliers;
     std::vector<char> is_outlier(mahalanobis.size(), 0);
     for (auto i : outliers) is_outlier[i] = 1;
-    std::vector<cluster_members> kept;
-    for (auto& cl : parts) {
-      cluster_members subs;
-      for (auto& sub : cl) {
-        std::erase_if(sub, [&](std::uint32_t i) { return is_outlier[i] != 0; });
-        if (!sub.empty()) subs.push_back(std::move(sub));
-      }
-      if (!subs.empty()) kept.push_back(std::move(subs));
-    }
-    parts = std::move(kept);
+    remove_rows(parts, is_outlier);
     std::sort(outliers.begin(), outliers.end());
     return outliers;
   }
@@ -466,14 +466,15 @@ class mog_index {
     });
   }
 
-  // Resizes the summary arrays from (old_clusters, old_subclusters) groups to the current
-  // counts, keeping every existing group's row.
-  void regroup(index_t old_clusters, index_t old_subclusters) {
+  // Resizes the summary arrays to the current counts, keeping the rows of the first
+  // keep_clusters clusters and keep_subclusters subclusters; the arrays hold cluster_rows
+  // cluster rows before the subcluster rows.
+  void regroup(index_t keep_clusters, index_t keep_subclusters, index_t cluster_rows) {
     auto grow = [&](auto& v, index_t width) {
       using T = typename std::decay_t<decltype(v)>::value_type;
       std::vector<T> out(groups() * width, T{});
-      std::copy_n(v.begin(), old_clusters * width, out.begin());
-      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(old_clusters * width), old_subclusters * width,
+      std::copy_n(v.begin(), keep_clusters * width, out.begin());
+      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(cluster_rows * width), keep_subclusters * width,
                   out.begin() + static_cast<std::ptrdiff_t>(clusters_ * width));
       v = std::move(out);
     };
@@ -481,7 +482,7 @@ class mog_index {
     grow(scales_, 3);
     grow(log_counts_, 1);
     grow(counts_, 1);
-    if (cfg_.cross_covariance) cross_cov_.resize(clusters_ * dv_ * d_, 0.f);
+    if (cfg_.cross_covariance) cross_cov_.resize(clusters_ * dv_ * d_, 0.f);  // rows of kept clusters stay
   }
 
   void set_group(index_t g, index_t count, const Eigen::VectorXd& mean, const Eigen::VectorXd& m2,
@@ -499,40 +500,39 @@ class mog_index {
   // the chi-square tail of its spread, then the nearest subcluster of it; the moments of
   // the clusters that took tokens are recomputed from the cache (fp16 summaries cannot
   // take running updates). The others form new clusters of their own (a new topic must not
-  // swell an old cluster that happens to be nearest).
+  // swell an old cluster that happens to be nearest). Outliers among both, as at build.
   template <KvView KV>
   void join_tokens(const KV& kv, const row_matrix& keys, index_t first, const parallel_for_fn& parallel_for) {
     const index_t count = static_cast<index_t>(keys.rows());
     const row_matrix placed = in_metric(keys);  // the metric the clusters were built in
-    const row_matrix centres = in_metric(mean_rows(0, clusters_));
-    const row_matrix sub_centres = in_metric(mean_rows(clusters_, subclusters_));
-    std::vector<std::uint32_t> cluster_of;
-    std::vector<float> sq_dist;
-    detail::kmeans_assign(placed, centres, cluster_of, sq_dist, parallel_for);
+    // Only clusters of the appended segment take tokens: the built ones stay as built.
+    const index_t seg = built_clusters_, seg_sub = built_subclusters_;
+    std::vector<std::uint32_t> cluster_of(count, 0);
+    std::vector<float> sq_dist(count, std::numeric_limits<float>::infinity());
+    row_matrix sub_centres;
+    if (clusters_ > seg) {
+      const row_matrix centres = in_metric(mean_rows(seg, clusters_ - seg));
+      sub_centres = in_metric(mean_rows(clusters_ + seg_sub, subclusters_ - seg_sub));
+      detail::kmeans_assign(placed, centres, cluster_of, sq_dist, parallel_for);
+      for (auto& c : cluster_of) c += static_cast<std::uint32_t>(seg);
+    }
 
     const double join_factor = 1.0 + cfg_.join_sigma * std::sqrt(2.0 / static_cast<double>(d_));
     std::vector<std::int64_t> sub_of(count, -1);
     std::vector<std::uint32_t> novel, new_outliers;
-    std::vector<std::pair<double, index_t>> candidates;  // (distance, row) of joined tokens in the outlier tail
+    std::vector<index_t> tested;  // joined rows whose cluster is large enough to judge them by
     std::vector<char> dirty(clusters_, 0);
-    // Outliers among the new tokens, as at build (Euclidean metric only: the variance in a
-    // query metric is not kept), within the same share of the clustered tokens.
-    const auto outlier_cap = static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(first + count - sinks_));
-    const bool flag_outliers = metric_.size() == 0;
     for (index_t r = 0; r < count; ++r) {
       const index_t c = cluster_of[r];
-      if (sq_dist[r] > join_factor * spread_in_metric(c)) {
+      if (!(sq_dist[r] <= join_factor * spread_in_metric(c))) {  // also: no segment cluster yet
         novel.push_back(static_cast<std::uint32_t>(r));
         continue;
       }
-      if (flag_outliers && counts_[c] >= 8) {
-        const double z2 = mahalanobis_to(c, keys.data() + r * d_);
-        if (z2 > outlier_threshold()) candidates.emplace_back(z2, r);
-      }
+      if (counts_[c] >= min_outlier_group) tested.push_back(r);
       index_t best = sub_begin_[c];
       float best_d2 = std::numeric_limits<float>::infinity();
       for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s) {
-        const float d2 = (placed.row(static_cast<Eigen::Index>(r)) - sub_centres.row(static_cast<Eigen::Index>(s))).squaredNorm();
+        const float d2 = (placed.row(static_cast<Eigen::Index>(r)) - sub_centres.row(static_cast<Eigen::Index>(s - seg_sub))).squaredNorm();
         if (d2 < best_d2) {
           best_d2 = d2;
           best = s;
@@ -543,15 +543,49 @@ class mog_index {
       appended_sq_dist_ += sq_dist[r];
       ++joined_;
     }
-    // The farthest candidates become outliers, within the cap (a needle must not lose its
-    // place to earlier, nearer tokens of the same flush).
-    std::sort(candidates.begin(), candidates.end(), std::greater<>());
-    for (const auto& [z2, r] : candidates) {
-      if (outliers_.size() + new_outliers.size() >= outlier_cap) break;
-      new_outliers.push_back(static_cast<std::uint32_t>(first + r));
-      sub_of[r] = -1;
-      --joined_;
+    // New clusters of about the current mean size from the tokens no cluster took.
+    std::vector<cluster_members> parts;
+    std::vector<float> loo(novel.size(), 0.f);  // leave-one-out distances within the new clusters
+    if (!novel.empty()) {
+      row_matrix fresh(static_cast<Eigen::Index>(novel.size()), static_cast<Eigen::Index>(d_));
+      for (index_t j = 0; j < novel.size(); ++j) fresh.row(static_cast<Eigen::Index>(j)) = placed.row(novel[j]);
+      const index_t typical = std::max<index_t>(1, (n_ - sinks_ - outliers_.size()) / std::max<index_t>(clusters_, 1));
+      parts = two_level(fresh, (novel.size() + typical - 1) / typical, subclusters_per_cluster(n_), serial_for, &loo);
     }
+
+    // Outliers among the new tokens (Euclidean metric only: the variance in a query metric
+    // is not kept), the farthest first, within the same share of the clustered tokens as
+    // at build. Candidates: joined tokens far from their cluster, members of new clusters
+    // far by the build's leave-one-out test, and every member of a new cluster too small to
+    // have a spread of its own (an isolated key, e.g. a needle; as a group of a few it would
+    // cost more summary bytes than its exact read).
+    if (metric_.size() == 0) {
+      const auto cap = static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(first + count - sinks_));
+      std::vector<std::pair<double, index_t>> candidates;  // (distance, row; novel rows are count + j)
+      const std::vector<double> z2 = joined_distances(keys, cluster_of, tested);
+      for (index_t j = 0; j < tested.size(); ++j)
+        if (z2[j] > outlier_threshold()) candidates.emplace_back(z2[j], tested[j]);
+      for (index_t j = 0; j < novel.size(); ++j)
+        if (loo[j] > outlier_threshold()) candidates.emplace_back(loo[j], count + j);
+      std::sort(candidates.begin(), candidates.end(), std::greater<>());
+      std::vector<char> novel_out(novel.size(), 0);
+      for (const auto& [distance, r] : candidates) {
+        if (outliers_.size() + new_outliers.size() >= cap) break;
+        if (r < count) {
+          new_outliers.push_back(static_cast<std::uint32_t>(first + r));
+          sub_of[r] = -1;
+          --joined_;
+        } else {
+          new_outliers.push_back(static_cast<std::uint32_t>(first + novel[r - count]));
+          novel_out[r - count] = 1;
+        }
+      }
+      remove_rows(parts, novel_out);
+    }
+    for (auto& cl : parts)
+      for (auto& sub : cl)
+        for (auto& p : sub) p = novel[p];  // batch row numbers
+
     // Members: new positions are larger than every old one, so each list stays increasing.
     std::vector<std::uint32_t> added(subclusters_ + 1, 0);
     for (auto s : sub_of)
@@ -573,19 +607,9 @@ class mog_index {
     for (index_t c = 0; c < clusters_; ++c)
       if (dirty[c]) recompute.push_back(c);
     const index_t c_first = clusters_, s_first = subclusters_;
-    if (!novel.empty()) {  // new clusters of about the current mean size
-      row_matrix fresh(static_cast<Eigen::Index>(novel.size()), static_cast<Eigen::Index>(d_));
-      for (index_t j = 0; j < novel.size(); ++j) fresh.row(static_cast<Eigen::Index>(j)) = placed.row(novel[j]);
-      const index_t typical = std::max<index_t>(1, (n_ - sinks_ - outliers_.size()) / std::max<index_t>(clusters_, 1));
-      std::vector<float> mahalanobis(novel.size(), 0.f);
-      auto parts = two_level(fresh, (novel.size() + typical - 1) / typical, subclusters_per_cluster(n_), serial_for, &mahalanobis);
-      const index_t room = outlier_cap > outliers_.size() + new_outliers.size() ? outlier_cap - outliers_.size() - new_outliers.size() : 0;
-      for (auto p : split_outliers(parts, mahalanobis, room)) new_outliers.push_back(static_cast<std::uint32_t>(first + novel[p]));
-      for (auto& cl : parts)
-        for (auto& sub : cl)
-          for (auto& p : sub) p = novel[p];  // batch row numbers
+    if (!parts.empty()) {
       add_clusters(parts, first);
-      regroup(c_first, s_first);
+      regroup(c_first, s_first, c_first);
       for (index_t c = c_first; c < clusters_; ++c) recompute.push_back(c);
     }
     compute_moments(kv, recompute, parallel_for);
@@ -595,15 +619,82 @@ class mog_index {
     appended_ += count;
   }
 
-  // Squared Mahalanobis distance (diagonal) of a key to cluster c.
-  double mahalanobis_to(index_t c, const float* key) const {
-    const std::vector<float> mu = mean(c), var = variance(c);
-    double mean_var = 0.0;
-    for (index_t t = 0; t < d_; ++t) mean_var += var[t];
-    const double floor = 1e-6 * mean_var / static_cast<double>(d_) + 1e-30;
-    double z2 = 0.0;
-    for (index_t t = 0; t < d_; ++t) z2 += (key[t] - static_cast<double>(mu[t])) * (key[t] - static_cast<double>(mu[t])) / (var[t] + floor);
-    return z2;
+  // Re-partitions the appended tokens [tokens at build, tokens()) among themselves as a
+  // build would: two-level k-means into clusters of the built mean size, outliers by the
+  // build's leave-one-out test within the same share. The built clusters are untouched
+  // (appended tokens only ever join clusters of this segment). Joining alone leaves new
+  // tokens judged against clusters fitted to earlier flushes: heavy tokens hide in them and
+  // the outlier share goes to the wrong tokens (docs/methods/mog.md, "append"). Run at
+  // geometric intervals, so its cost is amortised O(1) per token.
+  template <KvView KV>
+  void repartition_appended(const KV& kv, const parallel_for_fn& parallel_for) {
+    const index_t begin = n_at_build_, m = n_ - n_at_build_, rows = clusters_;
+    std::vector<std::uint32_t> outliers;
+    for (auto p : outliers_)
+      if (p < begin) outliers.push_back(p);
+    const double typical = static_cast<double>(n_at_build_ - sinks_ - outliers.size()) /
+                           static_cast<double>(std::max<index_t>(built_clusters_, 1));
+    const auto k = static_cast<index_t>(std::ceil(static_cast<double>(m) / std::max(typical, 1.0)));
+    std::vector<float> mahalanobis(m, 0.f);
+    auto fresh = two_level(in_metric(read_keys(kv, begin, n_)), k, subclusters_per_cluster(n_), parallel_for, &mahalanobis);
+    for (auto p : split_outliers(fresh, mahalanobis, static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(m))))
+      outliers.push_back(static_cast<std::uint32_t>(begin + p));
+    truncate_layout(built_clusters_);
+    outliers_ = std::move(outliers);  // built ones first, then appended: increasing
+    add_clusters(fresh, begin);
+    regroup(built_clusters_, built_subclusters_, rows);
+    compute_moments(kv, clusters_from(built_clusters_), parallel_for);
+    segment_size_ = m;
+    joined_ = 0;
+    appended_sq_dist_ = 0.0;
+  }
+
+  // Keeps clusters [0, keep) of the layout (and their subclusters and members).
+  void truncate_layout(index_t keep) {
+    const index_t subs = sub_begin_[keep];
+    members_.resize(member_begin_[subs]);
+    member_begin_.resize(subs + 1);
+    sub_begin_.resize(keep + 1);
+    clusters_ = keep;
+    subclusters_ = subs;
+  }
+
+  // Clusters of fewer keys have no spread to judge a key by (nor, new, to stand as a group).
+  static constexpr index_t min_outlier_group = 8;
+
+  // Squared Mahalanobis distances (diagonal) of the joined rows of keys to their clusters.
+  std::vector<double> joined_distances(const row_matrix& keys, const std::vector<std::uint32_t>& cluster_of,
+                                       const std::vector<index_t>& rows) const {
+    std::vector<double> out(rows.size());
+    std::vector<float> moments(2 * d_);
+    for (index_t j = 0; j < rows.size(); ++j) {
+      decode_moments(cluster_of[rows[j]], moments.data());
+      double mean_var = 0.0;
+      for (index_t t = 0; t < d_; ++t) mean_var += moments[d_ + t];
+      const double floor = 1e-6 * mean_var / static_cast<double>(d_) + 1e-30;
+      double z2 = 0.0;
+      for (index_t t = 0; t < d_; ++t) {
+        const double dev = static_cast<double>(keys(static_cast<Eigen::Index>(rows[j]), static_cast<Eigen::Index>(t))) - moments[t];
+        z2 += dev * dev / (moments[d_ + t] + floor);
+      }
+      out[j] = z2;
+    }
+    return out;
+  }
+
+  // Takes the marked rows out of parts (dropping subclusters and clusters left empty).
+  static void remove_rows(std::vector<cluster_members>& parts, const std::vector<char>& marked) {
+    if (std::find(marked.begin(), marked.end(), 1) == marked.end()) return;
+    std::vector<cluster_members> kept;
+    for (auto& cl : parts) {
+      cluster_members subs;
+      for (auto& sub : cl) {
+        std::erase_if(sub, [&](std::uint32_t i) { return marked[i] != 0; });
+        if (!sub.empty()) subs.push_back(std::move(sub));
+      }
+      if (!subs.empty()) kept.push_back(std::move(subs));
+    }
+    parts = std::move(kept);
   }
 
   // Decoded key means of groups [first, first + count), one per row.
@@ -627,9 +718,9 @@ class mog_index {
     return (metric_.array().square().colwise() * var.array()).sum();
   }
 
-  // Clusters (or subclusters) that joined tokens have swollen past split_factor x the mean
-  // size at build are re-clustered on their own members (two-level k-means); the other groups keep their
-  // moments, which are recomputed from the cache with the new layout.
+  // Clusters (or subclusters) of the appended segment that joined tokens have swollen past
+  // split_factor x the mean size at build are re-clustered on their own members (two-level
+  // k-means); the moments of the segment are recomputed from the cache.
   template <KvView KV>
   void split_oversized(const KV& kv) {
     const auto clustered = static_cast<double>(n_at_build_ - sinks_ - outliers_.size());
@@ -642,11 +733,10 @@ class mog_index {
       return false;
     };
     bool any = false;
-    for (index_t c = 0; c < clusters_ && !any; ++c) any = swollen_group(c);
+    for (index_t c = built_clusters_; c < clusters_ && !any; ++c) any = swollen_group(c);
     if (!any) return;
     std::vector<cluster_members> parts;
-    const row_matrix keys = read_keys(kv, 0, n_);
-    for (index_t c = 0; c < clusters_; ++c) {
+    for (index_t c = built_clusters_; c < clusters_; ++c) {
       cluster_members cl;
       std::vector<std::uint32_t> all;
       for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s) {
@@ -660,7 +750,9 @@ class mog_index {
       }
       std::sort(all.begin(), all.end());
       row_matrix x(static_cast<Eigen::Index>(all.size()), static_cast<Eigen::Index>(d_));
-      for (index_t j = 0; j < all.size(); ++j) x.row(static_cast<Eigen::Index>(j)) = keys.row(all[j]);
+      for (index_t j = 0; j < all.size(); ++j)
+        for (index_t t = 0; t < d_; ++t)
+          x(static_cast<Eigen::Index>(j), static_cast<Eigen::Index>(t)) = to_float(kv.key_row(all[j])[t]);
       auto pieces = two_level(in_metric(x), static_cast<index_t>(std::ceil(static_cast<double>(all.size()) / typical)),
                               subclusters_per_cluster(n_), serial_for, nullptr);
       for (auto& piece : pieces) {
@@ -669,13 +761,11 @@ class mog_index {
         parts.push_back(std::move(piece));
       }
     }
-    const std::vector<std::uint32_t> outliers = outliers_;
-    clear_layout();
-    outliers_ = outliers;
+    const index_t rows = clusters_;
+    truncate_layout(built_clusters_);
     add_clusters(parts, 0);
-    clear_summaries();
-    regroup(0, 0);
-    compute_moments(kv, clusters_from(0), serial_for);
+    regroup(built_clusters_, built_subclusters_, rows);
+    compute_moments(kv, clusters_from(built_clusters_), serial_for);
   }
 
   mog_config cfg_{};
@@ -691,6 +781,7 @@ class mog_index {
   std::vector<float> cross_cov_;          // [clusters, dv, d] when configured
   row_matrix metric_;                     // [d, d] L of the query metric, empty for Euclidean
   index_t n_at_build_ = 0, appended_ = 0, joined_ = 0, built_clusters_ = 0, built_subclusters_ = 0;
+  index_t segment_size_ = 0;  // appended tokens at the last re-partition of the appended segment
   double built_mean_sq_dist_ = 0.0, appended_sq_dist_ = 0.0;
   std::uint64_t generation_ = 0;
   double build_seconds_ = 0.0;
