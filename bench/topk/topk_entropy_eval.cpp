@@ -56,11 +56,12 @@ method_entry<exec_t> rerank_with(const std::string& name, double factor) {
   });
 }
 
-// quantized_scan+scan_completion with another value tier.
-method_entry<exec_t> tier_with(const std::string& name, double tier) {
+// quantized_scan+scan_completion with another value tier; `rerank` 1 picks the k best by
+// estimate (no keys read to choose, the fast configuration of the speed bench).
+method_entry<exec_t> tier_with(const std::string& name, double tier, double rerank = 1.25) {
   using sel = select::topk_anchors<select::quantized_scan>;
-  return method<exec_t>(name, "sweep", [tier](budget b, index_t n) {
-    return estimator<sel, residual::scan_completion>{sel::with_budget(b.resolve(n)), {tier}};
+  return method<exec_t>(name, "sweep", [tier, rerank](budget b, index_t n) {
+    return estimator<sel, residual::scan_completion>{sel::with_budget(b.resolve(n), 4, 64, select::quantized_scan{rerank}), {tier}};
   });
 }
 
@@ -68,6 +69,8 @@ std::vector<method_entry<exec_t>> all_methods() {
   auto m = registered_methods<exec_t>();
   for (double f : {1.0, 1.25, 1.5, 2.0, 4.0}) m.push_back(rerank_with("q-rerank" + std::to_string(f).substr(0, 4), f));
   for (double t : {0.25, 0.5, 2.0, 4.0}) m.push_back(tier_with("q+tier" + std::to_string(t).substr(0, 4), t));
+  m.push_back(rerank_with("qe+none", 1.0));  // by estimate: the partner of the qe+tier runs
+  for (double t : {0.5, 2.0}) m.push_back(tier_with("qe+tier" + std::to_string(t).substr(0, 4), t, 1.0));
   for (index_t f : {32, 64, 128, 256, 512}) {
     m.push_back(quantized_with<residual::positive_random>("q+prf" + std::to_string(f), f));
     m.push_back(quantized_with<residual::optimized_positive_random>("q+oprf" + std::to_string(f), f));
@@ -102,6 +105,7 @@ std::vector<double> in_bucket(const run_result& r, const bucket& b) {
 std::string partner_of(const std::string& name, const std::vector<method_entry<exec_t>>& methods) {
   std::string base;
   if (name.rfind("q+", 0) == 0) base = "topk_anchors:quantized_scan";
+  else if (name.rfind("qe+", 0) == 0 && name != "qe+none") base = "qe";
   else if (const auto at = name.find("+feature_map"); at != std::string::npos) base = name.substr(0, at);
   else if (const auto at2 = name.find("+scan_completion"); at2 != std::string::npos) base = name.substr(0, at2);
   if (base.empty()) return "";

@@ -9,7 +9,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
+
+#include <xsimd/xsimd.hpp>
 
 #include "floe/core/error.hpp"
 #include "floe/core/kv_view.hpp"
@@ -110,9 +113,10 @@ class quantized_keys {
 
   // For tokens [begin, end) and every head h: center[h * ld + i - begin] estimates the
   // score z = s q_h . k_i, and |z - center| <= radius (same layout), however z is rounded.
-  // A null `radius` leaves the radii out.
+  // A null `radius` leaves the radii out. A non-null `maxima` gets max_i center[h][i] per
+  // head (the pass over the estimates a ranking would make next, done while they are hot).
   void scan(const quantized_query& p, index_t begin, index_t end, float* center, float* radius, index_t ld,
-            scan_kernel kernel = scan_kernel::automatic) const {
+            scan_kernel kernel = scan_kernel::automatic, float* maxima = nullptr) const {
     require(p.blocks == blocks_, "query", "prepared for ", p.blocks, " blocks, the index has ", blocks_);
     require(begin <= end && end <= n_, "range", "[", begin, ", ", end, ") is not within the ", n_, " indexed tokens");
     require(quantized_tile::available(kernel), "kernel", "scan kernel ", static_cast<int>(kernel),
@@ -120,6 +124,11 @@ class quantized_keys {
     kernel = quantized_tile::resolve(kernel);
     constexpr index_t T = tile_tokens, P = quantized_tile::heads_per_pass;
     alignas(64) float out_c[P * T], out_r[P * T];
+    using lanes = xsimd::batch<float>;
+    constexpr index_t L = lanes::size;
+    static_assert(T % L == 0, "a tile is whole vectors");
+    thread_local std::vector<float> lane_max;  // [heads][L], reduced at the end
+    if (maxima) lane_max.assign(p.heads * L, -std::numeric_limits<float>::infinity());
     const index_t last_tile = (end + T - 1) / T;
     for (index_t tile = begin / T; tile * T < end; ++tile) {
       const index_t first = std::max(begin, tile * T), last = std::min(end, (tile + 1) * T);
@@ -128,13 +137,27 @@ class quantized_keys {
         const index_t hn = std::min(P, p.heads - h0);
         quantized_tile::scan_tile(kernel, p, h0, hn, codes_.data() + tile * tile_code_bytes(),
                                   params_.data() + tile * tile_params(), out_c, out_r);
-        for (index_t h = 0; h < hn; ++h)
-          for (index_t i = first; i < last; ++i) center[(h0 + h) * ld + i - begin] = out_c[h * T + i - tile * T];
+        for (index_t h = 0; h < hn; ++h) {
+          const float* c = out_c + h * T + (first - tile * T);
+          std::copy(c, c + (last - first), center + (h0 + h) * ld + first - begin);
+          if (!maxima) continue;
+          float* m = lane_max.data() + (h0 + h) * L;
+          if (last - first == T) {
+            lanes run = lanes::load_unaligned(m);
+            for (index_t j = 0; j < T; j += L) run = xsimd::max(run, lanes::load_unaligned(c + j));
+            run.store_unaligned(m);
+          } else {
+            for (index_t j = 0; j < last - first; ++j) m[0] = std::max(m[0], c[j]);
+          }
+        }
         if (radius)
           for (index_t h = 0; h < hn; ++h)
             for (index_t i = first; i < last; ++i) radius[(h0 + h) * ld + i - begin] = out_r[h * T + i - tile * T];
       }
     }
+    if (maxima)
+      for (index_t h = 0; h < p.heads; ++h)
+        maxima[h] = *std::max_element(lane_max.begin() + h * L, lane_max.begin() + (h + 1) * L);
   }
 
  private:

@@ -59,11 +59,11 @@ struct quantized_scan {
     float* estimate = keep ? keep->data() : ranking::scratch<estimate_tag>(g * n);
     const bool by_estimate = rerank_factor > 0 && rerank_factor <= 1;
     float* radius = by_estimate ? nullptr : ranking::scratch<radius_tag>(g * n);
-    idx.scan(idx.prepare(q), middle.begin, middle.end, estimate, radius, n);
+    cs.offsets.resize(g);
+    idx.scan(idx.prepare(q), middle.begin, middle.end, estimate, radius, n, scan_kernel::automatic, cs.offsets.data());
     io.summary_bytes += static_cast<std::uint64_t>(n) * idx.bytes_per_token();
     if (b.kind == budget::unit::mass) k = ranking::top_p_count(estimate, g, n, n, b);
     cs.k = k;
-    cs.offsets = ranking::head_maxima(estimate, g, n, n);
     if (k == 0) return cs;
     if (keep_shared) keep_shared->resize(n);
     float* shared = keep_shared ? keep_shared->data() : ranking::scratch<shared_tag>(n);
