@@ -162,7 +162,7 @@ class simd {
   // covering `ranges` in order (per row when the view has no for_each_run). The first rows
   // of each run of the next batch are asked for before a batch is flushed: the kernel
   // prefetches one tile ahead, too late for scattered rows from DRAM (a Top-K selection of
-  // single tokens ran 1.45x faster cold with this, docs/benchmarks.md "gathered rows").
+  // single tokens ran 1.4x faster cold with this, docs/benchmarks.md "Gathered rows").
   template <KvView KV, class Flush>
   static void for_run_batches(const KV& kv, std::span<const token_range> ranges, Flush&& flush) {
     using T = typename KV::element_type;
