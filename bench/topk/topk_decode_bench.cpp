@@ -146,12 +146,14 @@ void topk_quantized_scan_completion(benchmark::State& s) {
   using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
   run(s, floe::estimator<sel, floe::residual::scan_completion>(five_percent(data().n), {}));
 }
-// The k best by estimate completed from the same estimates, value tier = arg / 100.
+// The k best by estimate completed from the same estimates: value tier = arg 0 / 100,
+// value sketch of arg 1 directions.
 void topk_quantized_by_estimate_scan_completion(benchmark::State& s) {
   using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
   auto chooser = five_percent(data().n);
   chooser.scorer.rerank_factor = 1.0;
-  run(s, floe::estimator<sel, floe::residual::scan_completion>(chooser, {static_cast<double>(s.range(0)) / 100}));
+  run(s, floe::estimator<sel, floe::residual::scan_completion>(
+             chooser, {static_cast<double>(s.range(0)) / 100, static_cast<index_t>(s.range(1))}));
 }
 // The phases of one topk_anchors<quantized_scan>+feature_map step, timed apart over the
 // same heads: choosing (4-bit scan, bounds, re-rank), attending the chosen tokens, and
@@ -226,7 +228,9 @@ BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_none)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_none_by_estimate)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_scan_completion)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(topk_quantized_by_estimate_scan_completion)->Arg(50)->Arg(200)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_by_estimate_scan_completion)
+    ->Args({50, 0})->Args({200, 0})->Args({50, 8})->Args({200, 8})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_feature_map)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check
 

@@ -58,10 +58,11 @@ method_entry<exec_t> rerank_with(const std::string& name, double factor) {
 
 // quantized_scan+scan_completion with another value tier; `rerank` 1 picks the k best by
 // estimate (no keys read to choose, the fast configuration of the speed bench).
-method_entry<exec_t> tier_with(const std::string& name, double tier, double rerank = 1.25) {
+// `rank`: directions of the value sketch (0: none).
+method_entry<exec_t> tier_with(const std::string& name, double tier, double rerank = 1.25, index_t rank = 0) {
   using sel = select::topk_anchors<select::quantized_scan>;
-  return method<exec_t>(name, "sweep", [tier, rerank](budget b, index_t n) {
-    return estimator<sel, residual::scan_completion>{sel::with_budget(b.resolve(n), 4, 64, select::quantized_scan{rerank}), {tier}};
+  return method<exec_t>(name, "sweep", [tier, rerank, rank](budget b, index_t n) {
+    return estimator<sel, residual::scan_completion>{sel::with_budget(b.resolve(n), 4, 64, select::quantized_scan{rerank}), {tier, rank}};
   });
 }
 
@@ -71,6 +72,9 @@ std::vector<method_entry<exec_t>> all_methods() {
   for (double t : {0.25, 0.5, 2.0, 4.0}) m.push_back(tier_with("q+tier" + std::to_string(t).substr(0, 4), t));
   m.push_back(rerank_with("qe+none", 1.0));  // by estimate: the partner of the qe+tier runs
   for (double t : {0.5, 2.0}) m.push_back(tier_with("qe+tier" + std::to_string(t).substr(0, 4), t, 1.0));
+  for (index_t rank : {4, 8, 16, 32})  // with a value sketch
+    for (double t : {0.5, 2.0})
+      m.push_back(tier_with("qe+tier" + std::to_string(t).substr(0, 4) + "+rank" + std::to_string(rank), t, 1.0, rank));
   for (index_t f : {32, 64, 128, 256, 512}) {
     m.push_back(quantized_with<residual::positive_random>("q+prf" + std::to_string(f), f));
     m.push_back(quantized_with<residual::optimized_positive_random>("q+oprf" + std::to_string(f), f));

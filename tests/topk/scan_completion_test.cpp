@@ -3,6 +3,7 @@
 // equal bytes on flat attention, appends as it rebuilds, and refuses bad input.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,12 @@ static_assert(floe::ResidualFor<scan_completion, topk_anchors<exact_scan>>);
 template <class Scorer>
 using completed = floe::estimator<topk_anchors<Scorer>, scan_completion>;
 
+// What a value sketch of `rank` directions over m tokens reads per step: fp16 coordinates
+// per token, the basis and centre in float, the coordinate sums in double.
+std::uint64_t sketch_bytes(index_t rank, index_t m, index_t dv) {
+  return rank == 0 ? 0 : m * rank * 2 + (dv * rank + dv) * sizeof(float) + rank * sizeof(double);
+}
+
 TEST_CASE("scan_completion with exact estimates and a tier over everything left out equals dense", "[topk][scan_completion]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(21);
@@ -42,6 +49,18 @@ TEST_CASE("scan_completion with exact estimates and a tier over everything left 
     const auto got = floe::testing::decode_output(est, est.build(kv), kv, q, s);
     INFO("budget " << budget);
     REQUIRE(floe::testing::worst_head_error(got, want, 3, 48) <= 1e-6);  // float scores as estimates
+  }
+  // No tier: the rest as one mean value is far off on random values; a sketch of every
+  // value direction (rank = dv) leaves only its int8 rounding.
+  {
+    completed<exact_scan> mean_only({4, 32, floe::budget::fraction(0.05), {}}, {0.0, 0});
+    completed<exact_scan> sketched({4, 32, floe::budget::fraction(0.05), {}}, {0.0, 48});
+    floe::stats s1, s2;
+    const double err_mean = floe::testing::worst_head_error(floe::testing::decode_output(mean_only, mean_only.build(kv), kv, q, s1), want, 3, 48);
+    const double err_sketch = floe::testing::worst_head_error(floe::testing::decode_output(sketched, sketched.build(kv), kv, q, s2), want, 3, 48);
+    INFO("worst-head error: one mean " << err_mean << ", full-rank sketch " << err_sketch);
+    REQUIRE(err_sketch <= 1e-2);
+    REQUIRE(err_sketch < 0.1 * err_mean);
   }
   // Full budget: nothing left out, nothing added, dense.
   completed<quantized_scan> full({4, 32, floe::budget::fraction(1.0), {}}, {});
@@ -58,10 +77,13 @@ TEST_CASE("scan_completion matches its formula and counts the tier's value bytes
   const auto qd = floe::testing::random_floats(g, heads * d, 2.f);
   const auto q = floe::query_group::make(qd.data(), heads, d);
   const topk_anchors<quantized_scan> sel{4, 32, floe::budget::tokens(60), {}};
-  const scan_completion res{0.5};  // not the default: exercises the tier cut
+  for (const index_t rank : {index_t{0}, index_t{4}}) {
+  INFO("value_rank " << rank);
+  const scan_completion res{0.5, rank};  // tier 0.5, not the default: exercises the tier cut
   completed<quantized_scan> est(sel, res);
   floe::stats with, without;
-  const auto got = floe::testing::decode_output(est, est.build(kv), kv, q, with);
+  const auto state = est.build(kv);
+  const auto got = floe::testing::decode_output(est, state, kv, q, with);
   floe::estimator<topk_anchors<quantized_scan>, floe::residual::none> plain(sel, {});
   (void)floe::testing::decode_output(plain, plain.build(kv), kv, q, without);
 
@@ -108,13 +130,37 @@ TEST_CASE("scan_completion matches its formula and counts the tier's value bytes
       den += w;
       for (index_t j = 0; j < dv; ++j) num[j] += w * (role[i] ? kv.value_row(i)[j].to_float() : rest_mean[j]);
     }
+    // With a sketch, the rest's values also vary with their weights along its directions:
+    // U (sum of w_i u_i - (sum of w_i) * mean u) over the rest, u_i its decoded coordinates.
+    const auto& sketch = state.residual_index.sketch;
+    REQUIRE(sketch.rank() == rank);
+    if (rank > 0) {
+      std::vector<double> weighted(rank, 0.0), plain_sum(rank, 0.0);
+      double weight = 0;
+      index_t count = 0;
+      for (index_t i = mid.begin; i < mid.end; ++i)
+        if (!role[i]) {
+          const double w = std::exp(double(chosen.estimates[h * m + i - mid.begin]));
+          weight += w;
+          ++count;
+          for (index_t k = 0; k < rank; ++k) {
+            const double u = sketch.coordinate(k, i - mid.begin);
+            weighted[k] += w * u;
+            plain_sum[k] += u;
+          }
+        }
+      for (index_t j = 0; j < dv; ++j)
+        for (index_t k = 0; k < rank; ++k)
+          num[j] += double(sketch.basis()[j * rank + k]) * (weighted[k] - weight * plain_sum[k] / count);
+    }
     for (index_t j = 0; j < dv; ++j) num[j] /= den;
     INFO("head " << h);
     REQUIRE(floe::testing::relative_l2(got.data() + h * dv, num.data(), dv) <= 1e-5);
   }
   REQUIRE(with.value_bytes - without.value_bytes == tier * dv * sizeof(floe::half));
   REQUIRE(with.key_bytes == without.key_bytes);
-  REQUIRE(with.summary_bytes - without.summary_bytes == dv * sizeof(double));
+  REQUIRE(with.summary_bytes - without.summary_bytes == dv * sizeof(double) + sketch_bytes(rank, m, dv));
+  }
 }
 
 TEST_CASE("scan_completion beats selection only at equal bytes on flat attention", "[topk][scan_completion]") {
@@ -160,7 +206,19 @@ TEST_CASE("scan_completion appends as it rebuilds and refuses bad input", "[topk
   est.append(grown, kv);
   const auto whole = est.build(kv);
   REQUIRE(grown.residual_index.region() == whole.residual_index.region());
-  REQUIRE(grown.residual_index.sum() == whole.residual_index.sum());
+  REQUIRE(grown.residual_index.sums.sum() == whole.residual_index.sums.sum());
+  // The sketch keeps the basis and centre of its build: appended tokens are projected on
+  // them (a rebuild would find new directions).
+  const auto& sketch = grown.residual_index.sketch;
+  REQUIRE(sketch.region() == whole.residual_index.sketch.region());
+  REQUIRE(sketch.rank() == 8);
+  for (index_t i = sketch.region().begin; i < sketch.region().end; i += 17)
+    for (index_t k = 0; k < sketch.rank(); ++k) {
+      double u = 0;
+      for (index_t j = 0; j < dv; ++j)
+        u += (double(kv.value_row(i)[j].to_float()) - sketch.centre()[j]) * sketch.basis()[j * sketch.rank() + k];
+      REQUIRE(std::fabs(sketch.coordinate(k, i - sketch.region().begin) - u) <= 2e-3 * (std::fabs(u) + 1.0));
+    }
 
   const auto qd = floe::testing::random_floats(g, d, 1.f);
   const auto q = floe::query_group::make(qd.data(), 1, d);

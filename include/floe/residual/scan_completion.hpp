@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "floe/core/selection.hpp"
 #include "floe/core/softmax_partial.hpp"
 #include "floe/core/stats.hpp"
+#include "floe/index/value_sketch.hpp"
 #include "floe/index/value_sum.hpp"
 #include "floe/index/widen.hpp"
 #include "floe/residual/anchored_region.hpp"
@@ -34,13 +36,31 @@ struct scan_completion {
   // when d = dv. At equal bytes a larger tier beats more exact tokens on the SmolLM2
   // dumps up to about 4 (docs/methods/retrieval-completion.md, "value tier").
   double value_tier = 2.0;
+  // Directions of the value sketch (0: none; at most dv): the rest's values vary with
+  // their weights along the middle's principal value directions instead of being one
+  // mean. 8 costs 16 bytes per middle token and was the best at equal bytes on the
+  // SmolLM2 dumps (docs/methods/retrieval-completion.md, "value sketch").
+  index_t value_rank = 8;
 
-  using index = value_sum;
+  // The middle's value sum, and its value sketch when value_rank > 0.
+  struct index {
+    value_sum sums;
+    value_sketch sketch;
+    token_range region() const { return sums.region(); }
+    std::uint64_t bytes() const { return sums.bytes() + sketch.bytes(); }
+    template <KvView KV>
+    void append(const KV& kv) {
+      sums.append(kv);
+      sketch.append(kv);
+    }
+  };
 
   template <KvView KV, class S>
   index build(const KV& kv, const S& selector, const typename S::index&) const {
     require(std::isfinite(value_tier) && value_tier >= 0.0, "value_tier", "must be finite and >= 0, got ", value_tier);
-    return value_sum::build(kv, anchored_region(selector, kv.n()), anchored_window(selector));
+    const token_range region = anchored_region(selector, kv.n());
+    const index_t window = anchored_window(selector);
+    return {value_sum::build(kv, region, window), value_sketch::build(kv, region, window, value_rank)};
   }
 
   template <KvView KV, class Selection, class Exec, class Acc>
@@ -96,24 +116,62 @@ struct scan_completion {
     // Per head: the estimated mass of the whole middle (vector lanes, float partial sums of
     // at most 64 L terms <= 1 flushed to double), less that of the taken rows; the tier's
     // weights are kept for the value pass. The difference loses ~1e-7 of the middle's
-    // mass, far below an estimate's own error.
+    // mass, far below an estimate's own error. With a value sketch, the same weights
+    // also sum each direction's coordinates (per block of tokens, converted once).
     using lanes = xsimd::batch<float>;
     constexpr index_t L = lanes::size, flush = 64 * L;
-    std::vector<double> rest(g, 0.0), mass(g, 0.0);
+    const index_t rank = idx.sketch.rank();
+    std::vector<double> rest(g, 0.0), mass(g, 0.0), weighted(g * rank, 0.0);
+    thread_local std::vector<float> coordinates, block_weight;  // [rank][flush], [flush]
+    coordinates.resize(rank * flush);
+    block_weight.resize(flush);
+    for (index_t i0 = 0; i0 < n; i0 += flush) {
+      const index_t i1 = std::min(n, i0 + flush), len = i1 - i0;
+      for (index_t k = 0; k < rank; ++k)
+        floe::detail::widen(idx.sketch.coordinates(k) + i0, coordinates.data() + k * flush, len);
+      for (index_t h = 0; h < g; ++h) {
+        const float* eh = e + h * n;
+        const lanes ch(c[h]);
+        lanes acc(0.f);
+        index_t i = i0;
+        for (; i + L <= i1; i += L) {
+          const lanes w = xsimd::exp(lanes::load_unaligned(eh + i) - ch);
+          acc += w;
+          if (rank) w.store_unaligned(block_weight.data() + (i - i0));
+        }
+        double sum = xsimd::hadd(acc);
+        for (; i < i1; ++i) {
+          const double w = std::exp(static_cast<double>(eh[i] - c[h]));
+          sum += w;
+          if (rank) block_weight[i - i0] = static_cast<float>(w);
+        }
+        rest[h] += sum;
+        for (index_t k = 0; k < rank; ++k) {
+          const float* u = coordinates.data() + k * flush;
+          lanes dot(0.f);
+          index_t j = 0;
+          for (; j + L <= len; j += L)
+            dot = xsimd::fma(lanes::load_unaligned(block_weight.data() + j), lanes::load_unaligned(u + j), dot);
+          double total = xsimd::hadd(dot);
+          for (; j < len; ++j) total += static_cast<double>(block_weight[j]) * u[j];
+          weighted[h * rank + k] += total;
+        }
+      }
+    }
+    // The taken rows' coordinates, gathered once ([rank][taken]).
+    thread_local std::vector<half> taken_half;
+    thread_local std::vector<float> taken_coordinates;
+    taken_half.resize(taken.size());
+    taken_coordinates.resize(rank * taken.size());
+    for (index_t k = 0; k < rank; ++k) {
+      const half* u = idx.sketch.coordinates(k);
+      for (index_t j = 0; j < taken.size(); ++j) taken_half[j] = u[taken[j]];
+      floe::detail::widen(taken_half.data(), taken_coordinates.data() + k * taken.size(), taken.size());
+    }
     thread_local std::vector<float> weight;  // [h][taken]
     weight.resize(g * taken.size());
     for (index_t h = 0; h < g; ++h) {
       const float* eh = e + h * n;
-      const lanes ch(c[h]);
-      for (index_t i0 = 0; i0 < n; i0 += flush) {
-        const index_t i1 = std::min(n, i0 + flush);
-        lanes acc(0.f);
-        index_t i = i0;
-        for (; i + L <= i1; i += L) acc += xsimd::exp(lanes::load_unaligned(eh + i) - ch);
-        double sum = xsimd::hadd(acc);
-        for (; i < i1; ++i) sum += std::exp(static_cast<double>(eh[i] - c[h]));
-        rest[h] += sum;
-      }
       float* w = weight.data() + h * taken.size();
       for (index_t j = 0; j < taken.size(); ++j) w[j] = eh[taken[j]] - c[h];
       index_t j = 0;
@@ -123,6 +181,15 @@ struct scan_completion {
       for (j = 0; j < taken.size(); ++j) off += w[j];
       for (j = read_rows; j < taken.size(); ++j) mass[h] += w[j];
       rest[h] = std::max(0.0, rest[h] - off);
+      for (index_t k = 0; k < rank; ++k) {
+        const float* u = taken_coordinates.data() + k * taken.size();
+        lanes dot(0.f);
+        for (j = 0; j + L <= taken.size(); j += L)
+          dot = xsimd::fma(lanes::load_unaligned(w + j), lanes::load_unaligned(u + j), dot);
+        double total = xsimd::hadd(dot);
+        for (; j < taken.size(); ++j) total += static_cast<double>(w[j]) * u[j];
+        weighted[h * rank + k] -= total;
+      }
     }
 
     // Values: every taken row into the read sum; the tier's rows also into the numerators
@@ -155,13 +222,28 @@ struct scan_completion {
     io.summary_bytes += idx.bytes();
 
     const index_t rest_count = left - tier;
+    // With a sketch: per head, the rest's weighted coordinates less its mass times the
+    // rest's mean coordinates, mapped back through the basis (dv values per head).
+    std::vector<double> correction(rank > 0 && rest_count > 0 ? g * dv : 0, 0.0);
+    if (!correction.empty()) {
+      std::vector<double> unweighted(idx.sketch.coordinate_sum());
+      for (index_t k = 0; k < rank; ++k)
+        for (index_t j = 0; j < taken.size(); ++j) unweighted[k] -= taken_coordinates[k * taken.size() + j];
+      for (index_t h = 0; h < g; ++h)
+        for (index_t k = 0; k < rank; ++k) {
+          const double along = weighted[h * rank + k] - rest[h] * unweighted[k] / static_cast<double>(rest_count);
+          for (index_t j = 0; j < dv; ++j) correction[h * dv + j] += static_cast<double>(idx.sketch.basis()[j * rank + k]) * along;
+        }
+    }
     std::vector<Acc> mean(dv);
+    const std::vector<double>& sum = idx.sums.sum();
     for (index_t h = 0; h < g; ++h) {
       const double total = mass[h] + (rest_count > 0 ? rest[h] : 0.0);
       if (!(total > 0.0)) continue;
       for (index_t j = 0; j < dv; ++j) {
-        const double rest_mean = rest_count > 0 ? (idx.sum()[j] - read_sum[j]) / static_cast<double>(rest_count) : 0.0;
-        mean[j] = static_cast<Acc>((numer[h * dv + j] + rest[h] * rest_mean) / total);
+        const double rest_mean = rest_count > 0 ? (sum[j] - read_sum[j]) / static_cast<double>(rest_count) : 0.0;
+        const double varying = correction.empty() ? 0.0 : correction[h * dv + j];
+        mean[j] = static_cast<Acc>((numer[h * dv + j] + rest[h] * rest_mean + varying) / total);
       }
       parts.merge(h, static_cast<Acc>(static_cast<double>(c[h]) + std::log(total)), Acc(1), mean.data());
     }
