@@ -3,7 +3,8 @@
 // Of the middle tokens the exact part left out, the `value_tier` x (exact count) with the
 // largest estimated shared score have their values read and enter with their estimated
 // weights exp(e_h,i); the rest enter as D^ = sum of exp(e_h,i) times their mean value,
-// which an index of the middle's value sum gives exactly (sum minus the rows read).
+// which an index of the middle's value sum gives exactly (sum minus the rows read), plus
+// their weighted deviation along the middle's principal value directions (value_sketch).
 // docs/methods/retrieval-completion.md, "scan_completion".
 #pragma once
 
