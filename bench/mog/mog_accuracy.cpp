@@ -83,6 +83,7 @@ options parse(int argc, char** argv) {
     else if (a == "--outliers") o.selector.config.outlier_fraction = std::stod(next()), o.outliers_given = true;
     else if (a == "--outlier-share") o.outlier_share = std::stod(next());
     else if (a == "--outlier-sigma") o.selector.config.outlier_sigma = std::stod(next());
+    else if (a == "--outlier-directions") o.selector.config.outlier_directions = std::stoul(next());
     else if (a == "--query-metric") o.query_metric = true;
     else if (a == "--key-metric") o.key_metric = true;
     else if (a == "--append") o.append = std::stoul(next());

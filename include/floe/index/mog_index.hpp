@@ -7,6 +7,7 @@
 
 #include <Eigen/Cholesky>
 #include <Eigen/Core>
+#include <Eigen/Eigenvalues>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,6 +43,10 @@ struct mog_config {
   index_t window = 0;             // nor are the most recent ones
   double outlier_sigma = 3.0;     // a key whose squared Mahalanobis distance exceeds d + sigma sqrt(2d)...
   double outlier_fraction = 0.02;  // ... is an exact token (always attended), for at most this fraction of tokens
+  // ... or whose whitened deviation along the `outlier_directions` principal directions of all
+  // clusters' whitened deviations is as improbable (chi-square tails matched): catches keys whose
+  // deviation is concentrated in a few directions that the all-dimension distance dilutes. 0: off.
+  index_t outlier_directions = 0;
   bool cross_covariance = false;  // keep Cov(v, k) per cluster: dv x d floats each
   std::uint64_t seed = 0x6d6f67;
   // Optional sample of queries (rows of d floats, e.g. the last prefill queries of the GQA
@@ -301,6 +306,7 @@ class mog_index {
     std::vector<std::vector<std::uint32_t>> in_cluster(kept);
     for (index_t i = 0; i < n; ++i) in_cluster[top.labels[i]].push_back(static_cast<std::uint32_t>(i));
     std::vector<cluster_members> parts(kept);
+    std::vector<spread_of_cluster> spreads(mahalanobis ? kept : 0);
     parallel_for(kept, [&](index_t c) {
       const auto& rows = in_cluster[c];
       row_matrix x(static_cast<Eigen::Index>(rows.size()), keys.cols());
@@ -308,15 +314,13 @@ class mog_index {
       if (mahalanobis && rows.size() < min_outlier_group)  // isolated keys: no spread to judge them by, and
         for (auto r : rows) (*mahalanobis)[r] = std::numeric_limits<float>::max();  // cheaper exact than as a group
       if (mahalanobis && rows.size() >= min_outlier_group) {
-        const Eigen::RowVectorXd mean = x.cast<double>().colwise().mean();
-        const Eigen::RowVectorXd var = (x.cast<double>().rowwise() - mean).array().square().colwise().mean();
-        // Leave-one-out: a lone far point must not hide by inflating the variance it is judged by.
-        const double floor = 1e-6 * var.mean() + 1e-30, m = static_cast<double>(rows.size());
-        for (index_t j = 0; j < rows.size(); ++j) {
-          const Eigen::ArrayXd dev = (x.row(static_cast<Eigen::Index>(j)).cast<double>() - mean).transpose().array();
-          const Eigen::ArrayXd var_loo = (m / (m - 1)) * (var.transpose().array() - dev.square() / (m - 1)).max(0.0);
-          (*mahalanobis)[rows[j]] = static_cast<float>(((m / (m - 1)) * (m / (m - 1)) * dev.square() / (var_loo + floor)).sum());
-        }
+        auto& sp = spreads[c];
+        sp.mean = x.cast<double>().colwise().mean().transpose().array();
+        sp.var = (x.cast<double>().rowwise() - sp.mean.transpose().matrix()).array().square().colwise().mean().transpose();
+        sp.floor = 1e-6 * sp.var.mean() + 1e-30;
+        sp.m = static_cast<double>(rows.size());
+        for (index_t j = 0; j < rows.size(); ++j)
+          (*mahalanobis)[rows[j]] = static_cast<float>(sp.whitened(x.row(static_cast<Eigen::Index>(j))).square().sum());
       }
       std::vector<std::uint32_t> labels(rows.size(), 0);
       index_t subs = 1;
@@ -328,7 +332,79 @@ class mog_index {
       parts[c].resize(subs);
       for (index_t j = 0; j < rows.size(); ++j) parts[c][labels[j]].push_back(rows[j]);
     });
+    if (mahalanobis && cfg_.outlier_directions > 0)
+      concentrated_deviations(keys, in_cluster, spreads, parallel_for, *mahalanobis);
     return parts;
+  }
+
+  // A cluster's mean and diagonal variance, for the leave-one-out outlier tests.
+  struct spread_of_cluster {
+    Eigen::ArrayXd mean, var;
+    double floor = 0.0, m = 0.0;
+    // The key's deviation from the cluster mean in units of the leave-one-out standard
+    // deviation (a lone far point must not hide by inflating the variance it is judged by);
+    // its squared norm is the leave-one-out squared Mahalanobis distance.
+    template <class Row>
+    Eigen::ArrayXd whitened(const Row& key) const {
+      const Eigen::ArrayXd dev = key.template cast<double>().transpose().array() - mean;
+      const double f = m / (m - 1);
+      const Eigen::ArrayXd var_loo = f * (var - dev.square() / (m - 1)).max(0.0);
+      return f * dev / (var_loo + floor).sqrt();
+    }
+  };
+
+  // The second outlier test: deviations concentrated in a few directions. The all-dimension
+  // distance sums d chi-square terms, so a key 7 sigma out along one direction shared by a
+  // class of keys (a salient token) hides among the noise of the other dimensions. Here the
+  // whitened deviations of all clusters' members are pooled, their p principal directions
+  // found (from a sample), and each key's squared projection on them, scaled by the median
+  // of the members (robust to the outliers themselves), is a chi-square(p) statistic. It is
+  // mapped to the chi-square(d) value of the same tail probability (Wilson-Hilferty), so that
+  // one threshold and one farthest-first ranking serve both tests; the larger counts.
+  // Opt-in: measured mixed (docs/methods/mog.md, "A test for concentrated deviations").
+  void concentrated_deviations(const row_matrix& keys, const std::vector<std::vector<std::uint32_t>>& in_cluster,
+                               const std::vector<spread_of_cluster>& spreads, const parallel_for_fn& parallel_for,
+                               std::vector<float>& mahalanobis) const {
+    const auto d = static_cast<Eigen::Index>(keys.cols());
+    const auto p = static_cast<Eigen::Index>(std::min<index_t>(cfg_.outlier_directions, static_cast<index_t>(d)));
+    std::vector<std::pair<index_t, index_t>> tested;  // (cluster, member)
+    for (index_t c = 0; c < in_cluster.size(); ++c)
+      if (in_cluster[c].size() >= min_outlier_group)
+        for (index_t j = 0; j < in_cluster[c].size(); ++j) tested.emplace_back(c, j);
+    if (tested.size() < 4 * static_cast<index_t>(d) || p >= d) return;  // too few to find directions in
+    constexpr index_t sample = 8192;
+    const index_t stride = std::max<index_t>(1, tested.size() / sample);
+    Eigen::MatrixXd r(d, static_cast<Eigen::Index>((tested.size() + stride - 1) / stride));
+    for (index_t i = 0, col = 0; i < tested.size(); i += stride, ++col) {
+      const auto [c, j] = tested[i];
+      r.col(static_cast<Eigen::Index>(col)) = spreads[c].whitened(keys.row(in_cluster[c][j])).matrix();
+    }
+    const Eigen::MatrixXd cov = r * r.transpose() / static_cast<double>(r.cols());
+    const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(cov);
+    const Eigen::MatrixXd dirs = eig.eigenvectors().rightCols(p);  // eigenvalues ascend
+    Eigen::MatrixXd proj(p, static_cast<Eigen::Index>(tested.size()));
+    parallel_for(tested.size(), [&](index_t i) {
+      const auto [c, j] = tested[i];
+      proj.col(static_cast<Eigen::Index>(i)) = dirs.transpose() * spreads[c].whitened(keys.row(in_cluster[c][j])).matrix();
+    });
+    Eigen::VectorXd scale(p);
+    std::vector<double> sq(tested.size());
+    for (Eigen::Index k = 0; k < p; ++k) {
+      for (index_t i = 0; i < tested.size(); ++i) sq[i] = proj(k, static_cast<Eigen::Index>(i)) * proj(k, static_cast<Eigen::Index>(i));
+      std::nth_element(sq.begin(), sq.begin() + static_cast<std::ptrdiff_t>(sq.size() / 2), sq.end());
+      scale(k) = std::max(sq[sq.size() / 2] / 0.454936, 1e-30);  // the median of chi-square(1)
+    }
+    // Wilson-Hilferty: (x/k)^(1/3) is about normal with mean 1 - 2/(9k), variance 2/(9k).
+    const auto wh_mean = [](double k) { return 1.0 - 2.0 / (9.0 * k); };
+    const auto wh_sd = [](double k) { return std::sqrt(2.0 / (9.0 * k)); };
+    const double dd = static_cast<double>(d), pp = static_cast<double>(p);
+    for (index_t i = 0; i < tested.size(); ++i) {
+      const double t = (proj.col(static_cast<Eigen::Index>(i)).array().square() / scale.array()).sum();
+      const double z = (std::cbrt(t / pp) - wh_mean(pp)) / wh_sd(pp);
+      const double root = std::max(0.0, wh_mean(dd) + z * wh_sd(dd));
+      float& slot = mahalanobis[in_cluster[tested[i].first][tested[i].second]];
+      slot = std::max(slot, static_cast<float>(dd * root * root * root));
+    }
   }
 
   // Two-level k-means of the rows of keys, then outliers (row numbers, increasing) taken out.
