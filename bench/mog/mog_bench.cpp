@@ -3,9 +3,17 @@
 // GQA-4, at a 5 % budget and at a fixed 2048-token budget; the per-token-range layout
 // against the adopted clustered layout; index build time and memory with 1 and 2 threads;
 // append time per token.
+// Every decode benchmark runs warm and cold (`_cold`). Cold: between steps, outside
+// the timing, a buffer of FLOE_BENCH_COLD_MIB MiB (default 1024; 0 makes cold the same as
+// warm) is read, so that a step starts with neither the KV nor the index nor the chosen
+// subclusters in the caches (the 260-300 MiB L3 would otherwise hold all of them between
+// steps, as it cannot in an engine that steps every layer and head in turn), as
+// bench/topk/topk_decode_bench.cpp does.
 // docs/methods/mog.md has the command and the figures.
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +31,22 @@ namespace {
 
 using namespace floe;
 using mog = estimator<select::mog_clusters, residual::gaussian_moments>;
+
+index_t cold_mib() {
+  static const index_t mib = [] {
+    const char* v = std::getenv("FLOE_BENCH_COLD_MIB");
+    return v ? static_cast<index_t>(std::strtoull(v, nullptr, 10)) : index_t{1024};
+  }();
+  return mib;
+}
+
+// Reads a buffer larger than the last-level cache (outside the timing).
+void evict_caches() {
+  static std::vector<std::uint64_t> junk(cold_mib() << 17, 1);
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < junk.size(); i += 8) sum += junk[i];  // one read per 64-byte line
+  benchmark::DoNotOptimize(sum);
+}
 
 // One KV head of the synthetic cache in fp16, its query rows (g heads x steps), and the
 // same cache copied into the index's clustered order.
@@ -67,25 +91,34 @@ void report(benchmark::State& state, const stats& s, index_t calls, const head_d
   state.counters["keys_read_frac"] = static_cast<double>(s.tokens_read) / c / static_cast<double>(h.n);
 }
 
+// cold: start every step with cold caches.
 template <class Est, KvView KV>
-void run(benchmark::State& state, const Est& est, const typename Est::state& st, const KV& kv, const head_data& h) {
+void run(benchmark::State& state, const Est& est, const typename Est::state& st, const KV& kv, const head_data& h,
+         bool cold) {
   const exec::simd exec;
   std::vector<float> out(h.g * h.d);
   stats s;
   index_t calls = 0;
   for (auto _ : state) {
+    if (cold && cold_mib() > 0) {
+      state.PauseTiming();
+      evict_caches();
+      state.ResumeTiming();
+    }
     est.decode(st, kv, h.query(calls % h.steps), exec, output_group<float>{out.data(), h.g, h.d, 0}, s);
     benchmark::DoNotOptimize(out.data());
     ++calls;
   }
   report(state, s, calls, h);
+  state.counters["cold_MiB"] = cold ? static_cast<double>(cold_mib()) : 0.0;
 }
 
 // args: n, g
+template <bool cold>
 void dense_decode(benchmark::State& state) {
   const auto& h = data(state.range(0), state.range(1));
   const estimator<select::dense, residual::none> est;
-  run(state, est, est.build(h.view()), h.view(), h);
+  run(state, est, est.build(h.view()), h.view(), h, cold);
 }
 
 // args: n, g, budget (tokens if > 1, else per mille of n)
@@ -117,19 +150,21 @@ const mog::state& mog_state(const head_data& h, const mog& est, bool clustered) 
   return *slot;
 }
 
+template <bool cold>
 void mog_decode(benchmark::State& state) {
   const auto& h = data(state.range(0), state.range(1));
   const mog est = make_mog(h, state.range(2));
   const auto& st = mog_state(h, est, false);
-  run(state, est, st, h.view(), h);
+  run(state, est, st, h.view(), h, cold);
   state.counters["index_bytes_frac"] = static_cast<double>(st.bytes()) / static_cast<double>(h.n * 2 * h.d * sizeof(half));
 }
 
+template <bool cold>
 void mog_decode_clustered_layout(benchmark::State& state) {
   const auto& h = data(state.range(0), state.range(1));
   const mog est = make_mog(h, state.range(2));
   const auto& st = mog_state(h, est, true);
-  run(state, est, st, h.clustered_view(), h);
+  run(state, est, st, h.clustered_view(), h, cold);
 }
 
 // args: n, threads
@@ -173,9 +208,16 @@ void shapes(benchmark::internal::Benchmark* b, bool with_budget) {
 
 }  // namespace
 
-BENCHMARK(dense_decode)->Apply([](auto* b) { shapes(b, false); })->Unit(benchmark::kMicrosecond)->MinTime(0.5);
-BENCHMARK(mog_decode)->Apply([](auto* b) { shapes(b, true); })->Unit(benchmark::kMicrosecond)->MinTime(0.5);
-BENCHMARK(mog_decode_clustered_layout)->Apply([](auto* b) { shapes(b, true); })->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+// Warm runs take at least 0.5 s of timed work; cold ones a fixed 64 steps, since each step
+// also reads the eviction buffer (about 0.1 s per GiB) outside the timing.
+BENCHMARK(dense_decode<false>)->Name("dense_decode")->Apply([](auto* b) { shapes(b, false); })->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(dense_decode<true>)->Name("dense_decode_cold")->Apply([](auto* b) { shapes(b, false); })->Unit(benchmark::kMicrosecond)->Iterations(64);
+BENCHMARK(mog_decode<false>)->Name("mog_decode")->Apply([](auto* b) { shapes(b, true); })->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(mog_decode<true>)->Name("mog_decode_cold")->Apply([](auto* b) { shapes(b, true); })->Unit(benchmark::kMicrosecond)->Iterations(64);
+BENCHMARK(mog_decode_clustered_layout<false>)->Name("mog_decode_clustered_layout")->Apply([](auto* b) { shapes(b, true); })
+    ->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(mog_decode_clustered_layout<true>)->Name("mog_decode_clustered_layout_cold")->Apply([](auto* b) { shapes(b, true); })
+    ->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_build)->Args({131072, 1})->Args({131072, 2})->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(mog_append)->Args({32768, 4096})->Args({131072, 16384})->Unit(benchmark::kMillisecond)->Iterations(1);
 
