@@ -123,9 +123,12 @@ struct scan_completion {
     constexpr index_t L = lanes::size, flush = 64 * L;
     const index_t rank = idx.sketch.rank();
     std::vector<double> rest(g, 0.0), mass(g, 0.0), weighted(g * rank, 0.0);
-    thread_local std::vector<float> coordinates, block_weight;  // [rank][flush], [flush]
-    coordinates.resize(rank * flush);
+    constexpr index_t group = 8;  // directions per pass: independent accumulator chains
+    const index_t padded_rank = (rank + group - 1) / group * group;
+    thread_local std::vector<float> coordinates, block_weight;  // [padded_rank][flush], [flush]
+    coordinates.assign(padded_rank * flush, 0.f);               // padding rows stay zero
     block_weight.resize(flush);
+    std::vector<double> padded_weighted(g * padded_rank, 0.0);
     for (index_t i0 = 0; i0 < n; i0 += flush) {
       const index_t i1 = std::min(n, i0 + flush), len = i1 - i0;
       for (index_t k = 0; k < rank; ++k)
@@ -147,18 +150,25 @@ struct scan_completion {
           if (rank) block_weight[i - i0] = static_cast<float>(w);
         }
         rest[h] += sum;
-        for (index_t k = 0; k < rank; ++k) {
-          const float* u = coordinates.data() + k * flush;
-          lanes dot(0.f);
+        for (index_t k0 = 0; k0 < padded_rank; k0 += group) {
+          const float* u = coordinates.data() + k0 * flush;
+          lanes dot[group];
+          for (auto& x : dot) x = lanes(0.f);
           index_t j = 0;
-          for (; j + L <= len; j += L)
-            dot = xsimd::fma(lanes::load_unaligned(block_weight.data() + j), lanes::load_unaligned(u + j), dot);
-          double total = xsimd::hadd(dot);
-          for (; j < len; ++j) total += static_cast<double>(block_weight[j]) * u[j];
-          weighted[h * rank + k] += total;
+          for (; j + L <= len; j += L) {
+            const lanes w = lanes::load_unaligned(block_weight.data() + j);
+            for (index_t k = 0; k < group; ++k) dot[k] = xsimd::fma(w, lanes::load_unaligned(u + k * flush + j), dot[k]);
+          }
+          for (index_t k = 0; k < group; ++k) {
+            double total = xsimd::hadd(dot[k]);
+            for (index_t t = j; t < len; ++t) total += static_cast<double>(block_weight[t]) * u[k * flush + t];
+            padded_weighted[h * padded_rank + k0 + k] += total;
+          }
         }
       }
     }
+    for (index_t h = 0; h < g; ++h)
+      for (index_t k = 0; k < rank; ++k) weighted[h * rank + k] = padded_weighted[h * padded_rank + k];
     // The taken rows' coordinates, gathered once ([rank][taken]).
     thread_local std::vector<half> taken_half;
     thread_local std::vector<float> taken_coordinates;
@@ -228,8 +238,15 @@ struct scan_completion {
     std::vector<double> correction(rank > 0 && rest_count > 0 ? g * dv : 0, 0.0);
     if (!correction.empty()) {
       std::vector<double> unweighted(idx.sketch.coordinate_sum());
-      for (index_t k = 0; k < rank; ++k)
-        for (index_t j = 0; j < taken.size(); ++j) unweighted[k] -= taken_coordinates[k * taken.size() + j];
+      for (index_t k = 0; k < rank; ++k) {
+        const float* u = taken_coordinates.data() + k * taken.size();
+        lanes part(0.f);
+        index_t j = 0;
+        for (; j + L <= taken.size(); j += L) part += lanes::load_unaligned(u + j);
+        double total = xsimd::hadd(part);
+        for (; j < taken.size(); ++j) total += u[j];
+        unweighted[k] -= total;
+      }
       for (index_t h = 0; h < g; ++h)
         for (index_t k = 0; k < rank; ++k) {
           const double along = weighted[h * rank + k] - rest[h] * unweighted[k] / static_cast<double>(rest_count);
