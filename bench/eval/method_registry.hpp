@@ -68,7 +68,7 @@ std::vector<method_entry<E>> registered_methods() {
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}}}; }),
       method<E>("topk_anchors:quantized_scan+feature_map:optimized", "as topk_anchors:quantized_scan+feature_map with the variance-optimised positive features (M = 64)",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<res::optimized_positive_random>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}}}; }),
-      method<E>("topk_anchors:quantized_scan+scan_completion", "as topk_anchors:quantized_scan+none, plus the left-out middle from the scan's estimates: values of the next 2K tokens read (no keys), the rest as estimated mass x their mean value",
+      method<E>("topk_anchors:quantized_scan+scan_completion", "as topk_anchors:quantized_scan+none, plus the left-out middle from the scan's estimates: values of the next 2K tokens read (no keys), the rest as estimated mass x their mean value, varied along 8 principal value directions (16-byte sketch per token)",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::scan_completion>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {}}; }),
       method<E>("topk_anchors:page_bounds+none", "sink + tail + the pages (16 tokens) of largest Quest bound in the middle; selection only",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::none>{sel::topk_anchors<sel::page_bounds>::with_budget(b.resolve(n)), {}}; }),
