@@ -31,6 +31,31 @@
 
 namespace floe::residual {
 
+namespace completion_detail {
+using lanes = xsimd::batch<float>;
+constexpr index_t L = lanes::size;
+
+// Sum of a[i] * b[i] (b null: of a[i]) over count floats in vector lanes, totalled in double.
+inline double dot(const float* a, const float* b, index_t count) {
+  lanes acc(0.f);
+  index_t i = 0;
+  for (; i + L <= count; i += L)
+    acc = b ? xsimd::fma(lanes::load_unaligned(a + i), lanes::load_unaligned(b + i), acc) : acc + lanes::load_unaligned(a + i);
+  double total = xsimd::hadd(acc);
+  for (; i < count; ++i) total += static_cast<double>(a[i]) * (b ? b[i] : 1.f);
+  return total;
+}
+
+// y[i] += w * x[i] over count floats.
+inline void axpy(float w, const float* x, float* __restrict y, index_t count) {
+  const lanes wl(w);
+  index_t i = 0;
+  for (; i + L <= count; i += L)
+    xsimd::fma(wl, lanes::load_unaligned(x + i), lanes::load_unaligned(y + i)).store_unaligned(y + i);
+  for (; i < count; ++i) y[i] += w * x[i];
+}
+}  // namespace completion_detail
+
 struct scan_completion {
   static constexpr std::string_view name = "scan_completion";
   // Value-only tokens per exact token: 2 reads as many bytes again as the exact part
@@ -119,16 +144,15 @@ struct scan_completion {
     // weights are kept for the value pass. The difference loses ~1e-7 of the middle's
     // mass, far below an estimate's own error. With a value sketch, the same weights
     // also sum each direction's coordinates (per block of tokens, converted once).
-    using lanes = xsimd::batch<float>;
-    constexpr index_t L = lanes::size, flush = 64 * L;
+    using completion_detail::lanes, completion_detail::L, completion_detail::dot;
+    constexpr index_t flush = 64 * L;
     const index_t rank = idx.sketch.rank();
-    std::vector<double> rest(g, 0.0), mass(g, 0.0), weighted(g * rank, 0.0);
     constexpr index_t group = 8;  // directions per pass: independent accumulator chains
     const index_t padded_rank = (rank + group - 1) / group * group;
+    std::vector<double> rest(g, 0.0), mass(g, 0.0), weighted(g * padded_rank, 0.0);  // [h][padded_rank]
     thread_local std::vector<float> coordinates, block_weight;  // [padded_rank][flush], [flush]
     coordinates.assign(padded_rank * flush, 0.f);               // padding rows stay zero
     block_weight.resize(flush);
-    std::vector<double> padded_weighted(g * padded_rank, 0.0);
     for (index_t i0 = 0; i0 < n; i0 += flush) {
       const index_t i1 = std::min(n, i0 + flush), len = i1 - i0;
       for (index_t k = 0; k < rank; ++k)
@@ -162,13 +186,11 @@ struct scan_completion {
           for (index_t k = 0; k < group; ++k) {
             double total = xsimd::hadd(dot[k]);
             for (index_t t = j; t < len; ++t) total += static_cast<double>(block_weight[t]) * u[k * flush + t];
-            padded_weighted[h * padded_rank + k0 + k] += total;
+            weighted[h * padded_rank + k0 + k] += total;
           }
         }
       }
     }
-    for (index_t h = 0; h < g; ++h)
-      for (index_t k = 0; k < rank; ++k) weighted[h * rank + k] = padded_weighted[h * padded_rank + k];
     // The taken rows' coordinates, gathered once ([rank][taken]).
     thread_local std::vector<half> taken_half;
     thread_local std::vector<float> taken_coordinates;
@@ -188,19 +210,10 @@ struct scan_completion {
       index_t j = 0;
       for (; j + L <= taken.size(); j += L) xsimd::exp(lanes::load_unaligned(w + j)).store_unaligned(w + j);
       for (; j < taken.size(); ++j) w[j] = std::exp(w[j]);
-      double off = 0.0;
-      for (j = 0; j < taken.size(); ++j) off += w[j];
-      for (j = read_rows; j < taken.size(); ++j) mass[h] += w[j];
-      rest[h] = std::max(0.0, rest[h] - off);
-      for (index_t k = 0; k < rank; ++k) {
-        const float* u = taken_coordinates.data() + k * taken.size();
-        lanes dot(0.f);
-        for (j = 0; j + L <= taken.size(); j += L)
-          dot = xsimd::fma(lanes::load_unaligned(w + j), lanes::load_unaligned(u + j), dot);
-        double total = xsimd::hadd(dot);
-        for (; j < taken.size(); ++j) total += static_cast<double>(w[j]) * u[j];
-        weighted[h * rank + k] -= total;
-      }
+      mass[h] = dot(w + read_rows, nullptr, taken.size() - read_rows);  // the tier's
+      rest[h] = std::max(0.0, rest[h] - dot(w, nullptr, taken.size()));
+      for (index_t k = 0; k < rank; ++k)
+        weighted[h * padded_rank + k] -= dot(w, taken_coordinates.data() + k * taken.size(), taken.size());
     }
 
     // Values: every taken row into the read sum; the tier's rows also into the numerators
@@ -212,22 +225,10 @@ struct scan_completion {
     for (index_t r = 0; r < taken.size(); ++r) {
       if (r + ahead < taken.size()) floe::detail::prefetch_row(kv.value_row(mid.begin + taken[r + ahead]), dv);
       floe::detail::widen(kv.value_row(mid.begin + taken[r]), v.data(), dv);
-      {
-        index_t j = 0;
-        for (; j + L <= dv; j += L)
-          (lanes::load_unaligned(read_sum.data() + j) + lanes::load_unaligned(v.data() + j)).store_unaligned(read_sum.data() + j);
-        for (; j < dv; ++j) read_sum[j] += v[j];
-      }
+      completion_detail::axpy(1.f, v.data(), read_sum.data(), dv);
       if (r < read_rows) continue;
-      for (index_t h = 0; h < g; ++h) {
-        const float w = weight[h * taken.size() + r];
-        float* __restrict out = numer.data() + h * dv;
-        const lanes wl(w);
-        index_t j = 0;
-        for (; j + L <= dv; j += L)
-          xsimd::fma(wl, lanes::load_unaligned(v.data() + j), lanes::load_unaligned(out + j)).store_unaligned(out + j);
-        for (; j < dv; ++j) out[j] += w * v[j];
-      }
+      for (index_t h = 0; h < g; ++h)
+        completion_detail::axpy(weight[h * taken.size() + r], v.data(), numer.data() + h * dv, dv);
     }
     io.value_bytes += static_cast<std::uint64_t>(tier) * dv * sizeof(typename KV::element_type);
     io.summary_bytes += idx.bytes();
@@ -238,18 +239,10 @@ struct scan_completion {
     std::vector<double> correction(rank > 0 && rest_count > 0 ? g * dv : 0, 0.0);
     if (!correction.empty()) {
       std::vector<double> unweighted(idx.sketch.coordinate_sum());
-      for (index_t k = 0; k < rank; ++k) {
-        const float* u = taken_coordinates.data() + k * taken.size();
-        lanes part(0.f);
-        index_t j = 0;
-        for (; j + L <= taken.size(); j += L) part += lanes::load_unaligned(u + j);
-        double total = xsimd::hadd(part);
-        for (; j < taken.size(); ++j) total += u[j];
-        unweighted[k] -= total;
-      }
+      for (index_t k = 0; k < rank; ++k) unweighted[k] -= dot(taken_coordinates.data() + k * taken.size(), nullptr, taken.size());
       for (index_t h = 0; h < g; ++h)
         for (index_t k = 0; k < rank; ++k) {
-          const double along = weighted[h * rank + k] - rest[h] * unweighted[k] / static_cast<double>(rest_count);
+          const double along = weighted[h * padded_rank + k] - rest[h] * unweighted[k] / static_cast<double>(rest_count);
           for (index_t j = 0; j < dv; ++j) correction[h * dv + j] += static_cast<double>(idx.sketch.basis()[j * rank + k]) * along;
         }
     }
