@@ -26,27 +26,12 @@
 #include "floe/select/dense.hpp"
 #include "floe/select/mog_clusters.hpp"
 #include "floe/testing/synthetic_kv.hpp"
+#include "../support/cold_caches.hpp"
 
 namespace {
 
 using namespace floe;
 using mog = estimator<select::mog_clusters, residual::gaussian_moments>;
-
-index_t cold_mib() {
-  static const index_t mib = [] {
-    const char* v = std::getenv("FLOE_BENCH_COLD_MIB");
-    return v ? static_cast<index_t>(std::strtoull(v, nullptr, 10)) : index_t{1024};
-  }();
-  return mib;
-}
-
-// Reads a buffer larger than the last-level cache (outside the timing).
-void evict_caches() {
-  static std::vector<std::uint64_t> junk(cold_mib() << 17, 1);
-  std::uint64_t sum = 0;
-  for (std::size_t i = 0; i < junk.size(); i += 8) sum += junk[i];  // one read per 64-byte line
-  benchmark::DoNotOptimize(sum);
-}
 
 // One KV head of the synthetic cache in fp16, its query rows (g heads x steps), and the
 // same cache copied into the index's clustered order.
@@ -100,17 +85,13 @@ void run(benchmark::State& state, const Est& est, const typename Est::state& st,
   stats s;
   index_t calls = 0;
   for (auto _ : state) {
-    if (cold && cold_mib() > 0) {
-      state.PauseTiming();
-      evict_caches();
-      state.ResumeTiming();
-    }
+    if (cold) floe::bench::start_cold(state);
     est.decode(st, kv, h.query(calls % h.steps), exec, output_group<float>{out.data(), h.g, h.d, 0}, s);
     benchmark::DoNotOptimize(out.data());
     ++calls;
   }
   report(state, s, calls, h);
-  state.counters["cold_MiB"] = cold ? static_cast<double>(cold_mib()) : 0.0;
+  state.counters["cold_MiB"] = cold ? static_cast<double>(floe::bench::cold_mib()) : 0.0;
 }
 
 // args: n, g

@@ -28,6 +28,7 @@
 #include "floe/select/scorers/quantized_scan.hpp"
 #include "floe/select/topk_anchors.hpp"
 #include "huge_page_allocator.hpp"
+#include "../support/cold_caches.hpp"
 
 namespace {
 using floe::index_t;
@@ -67,22 +68,6 @@ const workload& data() {
   return w;
 }
 
-// Evicts the caches between steps: the 4-bit index and the chosen rows of 8 heads fit in
-// a 260-300 MiB L3, where a real model's dozens of layers would not.
-void evict_caches() {
-  static const index_t mib = env_or("FLOE_BENCH_COLD_MIB", 1024);
-  static std::vector<std::uint64_t> junk(mib << 17, 1);
-  std::uint64_t sum = 0;
-  for (std::size_t i = 0; i < junk.size(); i += 8) sum += junk[i];
-  benchmark::DoNotOptimize(sum);
-}
-
-void start_cold(benchmark::State& bench) {
-  bench.PauseTiming();
-  evict_caches();
-  bench.ResumeTiming();
-}
-
 floe::thread_pool& pool() {
   static floe::thread_pool p(env_or("FLOE_BENCH_THREADS", 1));
   return p;
@@ -98,7 +83,7 @@ void run(benchmark::State& bench, const Est& est) {
   std::vector<float> out(w.heads * w.g * w.dv);
   std::vector<floe::stats> io(w.heads);
   for (auto _ : bench) {
-    start_cold(bench);
+    floe::bench::start_cold(bench);
     pool().parallel_for(w.heads, [&](index_t h) {
       est.decode(states[h], w.kv(h), w.q(h), exec, floe::output_group<float>{out.data() + h * w.g * w.dv, w.g, w.dv, 0},
                  io[h]);
@@ -187,7 +172,7 @@ void phase_select(benchmark::State& s) {
   std::vector<phases::sel::selection> out(w.heads);
   std::vector<floe::stats> io(w.heads);
   for (auto _ : s) {
-    start_cold(s);
+    floe::bench::start_cold(s);
     pool().parallel_for(w.heads, [&](index_t h) { p.selector.select(p.sidx[h], w.kv(h), w.q(h), floe::exec::simd{}, out[h], io[h]); });
   }
 }
@@ -197,7 +182,7 @@ void phase_attend(benchmark::State& s) {
   const workload& w = data();
   const floe::exec::simd exec;
   for (auto _ : s) {
-    start_cold(s);
+    floe::bench::start_cold(s);
     pool().parallel_for(w.heads, [&](index_t h) {
       floe::partial_set<float> parts(w.g, w.dv);
       exec.attend(w.kv(h), w.q(h), p.chosen[h].ranges, parts);
@@ -211,7 +196,7 @@ void phase_feature_map(benchmark::State& s) {
   const workload& w = data();
   std::vector<floe::stats> io(w.heads);
   for (auto _ : s) {
-    start_cold(s);
+    floe::bench::start_cold(s);
     pool().parallel_for(w.heads, [&](index_t h) {
       floe::partial_set<float> parts(w.g, w.dv);
       p.residual.estimate(p.ridx[h], w.kv(h), w.q(h), p.chosen[h], floe::exec::simd{}, parts, io[h]);
