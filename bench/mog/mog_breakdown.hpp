@@ -105,6 +105,15 @@ std::vector<mog_breakdown> breakdown(const mog_index& idx, const select::mog_clu
       }
       missed += t.missed_d;
     }
+    auto err = [&](const std::vector<double>& acc, double den_l) {  // relative L2 of acc / den_l
+      double num = 0, den = 0;
+      for (index_t c = 0; c < dv; ++c) {
+        const double o = acc[c] / den_l, ref = reference[h * dv + c];
+        num += (o - ref) * (o - ref);
+        den += ref * ref;
+      }
+      return std::sqrt(num / den);
+    };
     auto error_with = [&](auto truth_of) {  // truth_of(j, t): group j at its true mass and value
       double l = l_exact;
       std::vector<double> a(a_exact);
@@ -118,13 +127,7 @@ std::vector<mog_breakdown> breakdown(const mog_index& idx, const select::mog_clu
           for (index_t c = 0; c < dv; ++c) a[c] += t.est_d * value_mean[j * dv + c];
         }
       }
-      double num = 0, den = 0;
-      for (index_t c = 0; c < dv; ++c) {
-        const double o = a[c] / l, ref = reference[h * dv + c];
-        num += (o - ref) * (o - ref);
-        den += ref * ref;
-      }
-      return std::sqrt(num / den);
+      return err(a, l);
     };
     mog_breakdown& r = out[h];
     r.error = error_with([](index_t, const truth&) { return false; });
@@ -144,15 +147,6 @@ std::vector<mog_breakdown> breakdown(const mog_index& idx, const select::mog_clu
           av[c] += t.true_d > 0 ? t.est_d * t.true_n[c] / t.true_d : t.est_d * value_mean[j * dv + c];
         }
       }
-      auto err = [&](const std::vector<double>& acc, double den_l) {
-        double num = 0, den = 0;
-        for (index_t c = 0; c < dv; ++c) {
-          const double o = acc[c] / den_l, ref = reference[h * dv + c];
-          num += (o - ref) * (o - ref);
-          den += ref * ref;
-        }
-        return std::sqrt(num / den);
-      };
       r.fix_mass = err(a, l);
       r.fix_value = err(av, lv);
     }
