@@ -36,12 +36,21 @@ class value_sketch {
     s.region_ = {region.begin, region.begin};
     if (s.rank_ == 0) return s;
     const index_t n = region.size(), dv = kv.dv();
-    Eigen::MatrixXd rows(n, dv);
+    // Mean, then covariance over blocks of rows: a few MiB at a time, not n x dv doubles.
+    auto value = [&](index_t i, index_t j) { return static_cast<double>(to_float(kv.value_row(region.begin + i)[j])); };
+    Eigen::RowVectorXd mean = Eigen::RowVectorXd::Zero(dv);
     for (index_t i = 0; i < n; ++i)
-      for (index_t j = 0; j < dv; ++j) rows(i, j) = static_cast<double>(to_float(kv.value_row(region.begin + i)[j]));
-    const Eigen::RowVectorXd mean = rows.colwise().mean();
-    rows.rowwise() -= mean;
-    const Eigen::MatrixXd cov = rows.transpose() * rows / static_cast<double>(n);
+      for (index_t j = 0; j < dv; ++j) mean(j) += value(i, j);
+    mean /= static_cast<double>(n);
+    constexpr index_t block = 4096;
+    Eigen::MatrixXd cov = Eigen::MatrixXd::Zero(dv, dv), rows(std::min(block, n), dv);
+    for (index_t i0 = 0; i0 < n; i0 += block) {
+      const index_t m = std::min(block, n - i0);
+      for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < dv; ++j) rows(i, j) = value(i0 + i, j) - mean(j);
+      cov.noalias() += rows.topRows(m).transpose() * rows.topRows(m);
+    }
+    cov /= static_cast<double>(n);
     Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(cov);
     s.centre_.resize(dv);
     for (index_t j = 0; j < dv; ++j) s.centre_[j] = static_cast<float>(mean(j));

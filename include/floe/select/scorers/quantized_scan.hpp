@@ -113,7 +113,8 @@ struct quantized_scan {
   bool choose(const index& idx, const KV& kv, const query_group& q, const Exec&, token_range middle, index_t k,
               const budget& b, Selection& out, stats& io) const {
     require(idx.d() == kv.d(), "index", "4-bit keys of d = ", idx.d(), " for a cache of d = ", kv.d());
-    std::vector<float>*keep = nullptr, *keep_shared = nullptr;
+    std::vector<float>* keep = nullptr;
+    std::vector<float>* keep_shared = nullptr;
     if constexpr (requires { out.estimates; }) keep = &out.estimates;
     if constexpr (requires { out.shared; }) keep_shared = &out.shared;
     const candidate_set cs = candidates(idx, q, middle, k, b, io, keep, keep_shared);
