@@ -2,7 +2,9 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "floe/exec/thread_pool.hpp"
@@ -45,6 +47,34 @@ TEST_CASE("thread_pool runs nested calls serially instead of deadlocking", "[exe
   std::atomic<index_t> inner{0};
   pool.parallel_for(8, [&](index_t) { pool.parallel_for(8, [&](index_t) { ++inner; }); });
   CHECK(inner.load() == 64);
+}
+
+TEST_CASE("thread_pool runs every index once whether its threads spin or sleep", "[exec][thread_pool]") {
+  INFO("seed " << floe::testing::seed());
+  using std::chrono::microseconds;
+  const auto spin = GENERATE(microseconds(0), microseconds(50), microseconds(100000));
+  INFO("spin " << spin.count() << " us");
+  floe::thread_pool pool(3, spin);
+  // Calls back to back (workers still spinning) and after a pause longer than the short
+  // spins (workers asleep on the condition variable).
+  for (int rep = 0; rep < 20; ++rep) {
+    if (rep % 4 == 3) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::vector<std::atomic<int>> hits(97);
+    pool.parallel_for(97, [&](index_t i) { hits[i].fetch_add(1); });
+    index_t wrong = 0;
+    for (auto& h : hits) wrong += h.load() != 1;
+    CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("thread_pool rejects a negative spin", "[exec][thread_pool][errors]") {
+  INFO("seed " << floe::testing::seed());
+  try {
+    floe::thread_pool pool(2, std::chrono::microseconds(-1));
+    FAIL("no error");
+  } catch (const floe::invalid_argument& e) {
+    CHECK(e.argument() == "spin");
+  }
 }
 
 TEST_CASE("thread_pool rejects zero threads", "[exec][thread_pool][errors]") {

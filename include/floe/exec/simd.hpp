@@ -153,9 +153,13 @@ class simd {
   // How many pieces to cut `tokens` of one group into, when `groups` groups run at once:
   // enough for about 8 tasks per thread, none shorter than min_split_tokens.
   index_t split_count(index_t tokens, index_t groups) const {
-    if (opt_.concurrency <= 1) return 1;
-    const index_t wanted = (8 * opt_.concurrency + groups - 1) / groups;
-    return std::max<index_t>(1, std::min(wanted, tokens / opt_.min_split_tokens));
+    const index_t threads = opt_.concurrency;
+    if (threads <= 1) return 1;
+    const index_t wanted = (8 * threads + groups - 1) / groups;
+    index_t parts = std::max<index_t>(1, std::min(wanted, tokens / opt_.min_split_tokens));
+    while (groups * parts % threads != 0 && parts < wanted && tokens / (parts + 1) >= opt_.min_split_tokens / 4)
+      ++parts;
+    return parts;
   }
 
   // Calls flush(runs, run_count, tokens) for batches of up to 64 evenly strided runs

@@ -1,9 +1,13 @@
 // A small fixed thread pool whose parallel_for fits floe::parallel_for_fn. The caller's
 // thread takes part, so thread_pool(2) starts one worker. A call made from inside one of
-// the pool's own bodies runs serially, so nested parallelism cannot deadlock.
+// the pool's own bodies runs serially, so nested parallelism cannot deadlock. Idle
+// workers, and the caller waiting for them, spin for a while before they sleep: waking a
+// sleeping thread costs tens of microseconds, a large part of a short decode step
+// (docs/benchmarks.md, "Waking the pool").
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -20,8 +24,12 @@ namespace floe {
 class thread_pool {
  public:
   // `threads` bodies may run at once, the calling thread included; 1 starts no worker.
-  explicit thread_pool(index_t threads) : size_(threads) {
+  // `spin`: how long an idle thread polls for work (or the caller for the workers to
+  // finish) before it blocks; zero blocks at once.
+  explicit thread_pool(index_t threads, std::chrono::microseconds spin = std::chrono::microseconds(200))
+      : size_(threads), spin_(spin) {
     require(threads >= 1, "threads", "a thread pool needs at least 1 thread, got ", threads);
+    require(spin.count() >= 0, "spin", "must not be negative, got ", spin.count(), " us");
     workers_.reserve(threads - 1);
     for (index_t i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
   }
@@ -31,7 +39,7 @@ class thread_pool {
   ~thread_pool() {
     {
       std::lock_guard lock(mutex_);
-      stopping_ = true;
+      stopping_.store(true, std::memory_order_release);
     }
     wake_.notify_all();
     for (auto& w : workers_) w.join();
@@ -50,12 +58,12 @@ class thread_pool {
     std::lock_guard caller(call_mutex_);  // one job at a time from outside
     {
       std::unique_lock lock(mutex_);
-      done_.wait(lock, [this] { return active_ == 0; });  // stragglers of the last job
+      done_.wait(lock, [this] { return active_.load(std::memory_order_relaxed) == 0; });  // stragglers of the last job
       body_ = &body;
       count_ = n;
       next_.store(0, std::memory_order_relaxed);
       error_ = nullptr;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     const thread_pool* outer = current_pool();  // a worker of another pool may call us
@@ -63,9 +71,10 @@ class thread_pool {
     run_indices();
     current_pool() = outer;
     std::exception_ptr error;
+    spin_until([this] { return active_.load(std::memory_order_acquire) == 0; });
     {
       std::unique_lock lock(mutex_);
-      done_.wait(lock, [this] { return active_ == 0; });
+      done_.wait(lock, [this] { return active_.load(std::memory_order_relaxed) == 0; });
       error = error_;
       body_ = nullptr;
     }
@@ -97,27 +106,47 @@ class thread_pool {
     }
   }
 
+  // Polls `ready` for up to spin_ (checking the clock every 64 polls); true once it holds.
+  template <class Ready>
+  bool spin_until(Ready ready) const {
+    if (spin_.count() == 0) return ready();
+    const auto until = std::chrono::steady_clock::now() + spin_;
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        if (ready()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      }
+      if (std::chrono::steady_clock::now() >= until) return ready();
+    }
+  }
+
   void work() {
     current_pool() = this;
     std::uint64_t seen = 0;
     for (;;) {
+      spin_until([&] {
+        return stopping_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+      });
       {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-        if (stopping_) return;
-        seen = generation_;
-        ++active_;
+        wake_.wait(lock, [&] { return stopping_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_relaxed) != seen; });
+        if (stopping_.load(std::memory_order_relaxed)) return;
+        seen = generation_.load(std::memory_order_relaxed);
+        active_.fetch_add(1, std::memory_order_relaxed);
       }
       run_indices();
       {
         std::lock_guard lock(mutex_);
-        --active_;
+        active_.fetch_sub(1, std::memory_order_release);
       }
       done_.notify_all();
     }
   }
 
   index_t size_;
+  std::chrono::microseconds spin_;
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;
   std::mutex mutex_;
@@ -126,9 +155,10 @@ class thread_pool {
   index_t count_ = 0;
   std::atomic<index_t> next_{0};
   std::exception_ptr error_;
-  std::uint64_t generation_ = 0;
-  index_t active_ = 0;
-  bool stopping_ = false;
+  // Written under mutex_ (the sleepers' protocol), read without it while spinning.
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<index_t> active_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace floe
