@@ -121,6 +121,29 @@ TEMPLATE_TEST_CASE("simd attend over gathered ranges and single tokens", "[exec]
   CHECK(attend_error<TestType>(arch, {4000, 128, 128, 4, 0, block}, 5 + block, ranges, threads) <= 1e-5);
 }
 
+TEMPLATE_TEST_CASE("simd attend over selections longer than one batch of runs", "[exec][simd]", floe::half,
+                   floe::bfloat16) {
+  // Batches hold up to 1024 runs or 4096 tokens: thousands of single tokens, and 64-token
+  // ranges past 4096 tokens, cross several batch boundaries (and their prefetches).
+  INFO("seed " << ft::seed());
+  const auto arch = GENERATE(from_range(ft::runnable_archs()));
+  const bool singles = GENERATE(true, false);
+  const index_t threads = GENERATE(1, 2);
+  auto g = ft::rng(91);
+  std::vector<token_range> ranges;
+  for (index_t b = std::uniform_int_distribution<index_t>(0, 3)(g); b + 64 <= 20000;) {
+    const index_t len = singles ? 1 : 64;
+    ranges.push_back({b, b + len});
+    b += len + std::uniform_int_distribution<index_t>(1, singles ? 4 : 100)(g);
+  }
+  index_t tokens = 0;
+  for (const auto& r : ranges) tokens += r.size();
+  REQUIRE(tokens > 4096);
+  INFO("arch " << floe::simd_arch_name(arch) << (singles ? " single tokens " : " 64-token ranges ") << ranges.size()
+               << " runs, threads " << threads);
+  CHECK(attend_error<TestType>(arch, {20000, 128, 128, 4, 0, 0}, 13, ranges, threads) <= 1e-5);
+}
+
 TEST_CASE("simd attend splits over threads 1-4 and merges into what the partial holds", "[exec][simd]") {
   INFO("seed " << ft::seed());
   const auto arch = GENERATE(from_range(ft::runnable_archs()));

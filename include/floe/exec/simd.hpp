@@ -162,25 +162,32 @@ class simd {
     return parts;
   }
 
-  // Calls flush(runs, run_count, tokens) for batches of up to 64 evenly strided runs
-  // covering `ranges` in order (per row when the view has no for_each_run). The first rows
-  // of each run of the next batch are asked for before a batch is flushed: the kernel
-  // prefetches one tile ahead, too late for scattered rows from DRAM (a Top-K selection of
-  // single tokens ran 1.4x faster cold with this, docs/benchmarks.md "Gathered rows").
+  // Calls flush(runs, run_count, tokens) for batches of up to 1024 evenly strided runs or
+  // 4096 tokens covering `ranges` in order (per row when the view has no for_each_run).
+  // Within a batch the kernel asks for each next tile while it works on one; across
+  // batches, the first rows of the next batch's runs are asked for before a batch is
+  // flushed, so that scattered rows from DRAM are on their way when the kernel gets there
+  // (docs/benchmarks.md "Gathered rows").
   template <KvView KV, class Flush>
   static void for_run_batches(const KV& kv, std::span<const token_range> ranges, Flush&& flush) {
     using T = typename KV::element_type;
-    constexpr index_t capacity = 64, rows_ahead = 4;
-    simd_detail::row_run<T> runs[2][capacity];
+    constexpr index_t capacity = 1024, batch_tokens = 4096, rows_ahead = 4;
+    thread_local std::vector<simd_detail::row_run<T>> storage;  // two batches; off the stack (48 KiB)
+    storage.resize(2 * capacity);
+    simd_detail::row_run<T>* runs[2] = {storage.data(), storage.data() + capacity};
     index_t used = 0, tokens = 0, ready = 0, ready_tokens = 0, cur = 0;
     const index_t key_bytes = kv.d() * index_t{sizeof(T)}, value_bytes = kv.dv() * index_t{sizeof(T)};
     auto ask = [&](const T* row, index_t bytes) {
       const char* p = reinterpret_cast<const char*>(row);
       for (index_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
     };
-    auto hand_over = [&] {  // prefetch the batch just filled, flush the one before it
-      for (index_t r = 0; r < used; ++r)
-        for (index_t t = 0; t < std::min(runs[cur][r].count, rows_ahead); ++t) {
+    auto hand_over = [&] {  // prefetch the start of the batch just filled, flush the one before it
+      // Up to 4 rows of each run, at most 256 rows; one tile when the runs are single rows
+      // (a longer burst of scattered rows stalls the batch before it).
+      const index_t rows_asked = tokens == used ? simd_detail::tile_tokens : 256;
+      index_t asked = 0;
+      for (index_t r = 0; r < used && asked < rows_asked; ++r)
+        for (index_t t = 0; t < std::min(runs[cur][r].count, rows_ahead) && asked < rows_asked; ++t, ++asked) {
           ask(runs[cur][r].keys + t * kv.key_stride(), key_bytes);
           ask(runs[cur][r].values + t * kv.value_stride(), value_bytes);
         }
@@ -193,7 +200,7 @@ class simd {
     auto push = [&](const T* keys, const T* values, index_t count) {
       runs[cur][used++] = {keys, values, count};
       tokens += count;
-      if (used == capacity) hand_over();
+      if (used == capacity || tokens >= batch_tokens) hand_over();
     };
     for (const token_range& r : ranges) {
       if constexpr (requires { kv.for_each_run(r.begin, r.end, [](index_t, index_t, const T*, const T*) {}); })
