@@ -71,7 +71,9 @@ class thread_pool {
     run_indices();
     current_pool() = outer;
     std::exception_ptr error;
-    spin_until([this] { return active_.load(std::memory_order_acquire) == 0; });
+    // Sequentially consistent with the workers' joining and claiming (below): a worker
+    // that claimed an index counted itself in active_ first, so 0 here means none did.
+    spin_until([this] { return active_.load() == 0; });
     {
       std::unique_lock lock(mutex_);
       done_.wait(lock, [this] { return active_.load(std::memory_order_relaxed) == 0; });
@@ -94,7 +96,7 @@ class thread_pool {
 
   void run_indices() {
     for (;;) {
-      const index_t i = next_.fetch_add(1, std::memory_order_relaxed);
+      const index_t i = next_.fetch_add(1);
       if (i >= count_) return;
       try {
         (*body_)(i);
@@ -134,7 +136,7 @@ class thread_pool {
         wake_.wait(lock, [&] { return stopping_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_relaxed) != seen; });
         if (stopping_.load(std::memory_order_relaxed)) return;
         seen = generation_.load(std::memory_order_relaxed);
-        active_.fetch_add(1, std::memory_order_relaxed);
+        active_.fetch_add(1);
       }
       run_indices();
       {
