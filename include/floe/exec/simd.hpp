@@ -151,7 +151,9 @@ class simd {
   }
 
   // How many pieces to cut `tokens` of one group into, when `groups` groups run at once:
-  // enough for about 8 tasks per thread, none shorter than min_split_tokens.
+  // enough for about 8 tasks per thread, none shorter than min_split_tokens, except that
+  // pieces shrink (to min_split_tokens / 4 at least) until the tasks divide evenly over
+  // the threads (3 groups on 2 threads: 6 tasks, not 3).
   index_t split_count(index_t tokens, index_t groups) const {
     const index_t threads = opt_.concurrency;
     if (threads <= 1) return 1;
