@@ -268,7 +268,7 @@ TEST_CASE("quantized_scan with rerank_factor 1 keeps the k best estimates and re
   REQUIRE(out.estimates.size() == heads * middle.size());
   std::vector<float> e(heads * middle.size()), r(e.size()), shared(middle.size());
   idx.scan(idx.prepare(q), middle.begin, middle.end, e.data(), r.data(), middle.size());
-  REQUIRE(e == out.estimates);
+  REQUIRE(std::equal(e.begin(), e.end(), out.estimates.begin(), out.estimates.end()));
   floe::select::ranking::shared_scores(e.data(), heads, middle.size(), middle.size(),
                                        floe::select::ranking::head_maxima(e.data(), heads, middle.size(), middle.size()),
                                        shared.data());

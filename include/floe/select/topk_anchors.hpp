@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "floe/core/budget.hpp"
+#include "floe/core/default_init_vector.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
@@ -35,11 +36,12 @@ struct anchored_selection : floe::selection {
   token_range middle;
   std::vector<token_range> retrieved;
   // The scorer's score per head for every middle token, [heads, middle.size()], when it
-  // makes one (quantized_scan: 4-bit estimates; exact_scan: exact), else empty.
-  std::vector<float> estimates;
+  // makes one (quantized_scan: 4-bit estimates; exact_scan: exact), else empty. Resized
+  // each step without zeroing (the scorer writes every element).
+  default_init_vector<float> estimates;
   // From the same scorers: each middle token's group-shared score max_h (e_h,i - c_h) and
   // the c_h it is relative to (head h's largest estimate), else empty.
-  std::vector<float> shared;
+  default_init_vector<float> shared;
   std::vector<float> offsets;
 };
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "floe/core/budget.hpp"
+#include "floe/core/default_init_vector.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
@@ -40,11 +41,12 @@ struct exact_scan {
   bool choose(const index&, const KV& kv, const query_group& q, const Exec& exec, token_range middle, index_t k,
               const budget& b, Selection& out, stats& io) const {
     const index_t n = middle.size();
-    std::vector<float> z(q.heads * n);
+    default_init_vector<float> z(q.heads * n);
     for (index_t h = 0; h < q.heads; ++h) exec.score(kv, q, h, middle, z.data() + h * n);
     io.key_bytes += static_cast<std::uint64_t>(n) * kv.d() * sizeof(typename KV::element_type);
     if (b.kind == budget::unit::mass) k = ranking::top_p_count(z.data(), q.heads, n, n, b);
-    std::vector<float> shared(n), offsets = ranking::head_maxima(z.data(), q.heads, n, n);
+    default_init_vector<float> shared(n);
+    std::vector<float> offsets = ranking::head_maxima(z.data(), q.heads, n, n);
     ranking::shared_scores(z.data(), q.heads, n, n, offsets, shared.data());
     for (index_t i : ranking::top_k(shared.data(), n, k)) out.add(middle.begin + i, middle.begin + i + 1);
     if constexpr (requires { out.estimates; }) out.estimates = std::move(z);

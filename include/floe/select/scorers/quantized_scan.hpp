@@ -13,6 +13,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "floe/core/budget.hpp"
+#include "floe/core/default_init_vector.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
@@ -46,8 +47,8 @@ struct quantized_scan {
   // The estimates go to `keep` ([heads, middle.size()]) when given, else to scratch; the
   // shared scores (when k > 0) to `keep_shared` when given.
   candidate_set candidates(const index& idx, const query_group& q, token_range middle, index_t k, const budget& b,
-                           stats& io, std::vector<float>* keep = nullptr,
-                           std::vector<float>* keep_shared = nullptr) const {
+                           stats& io, default_init_vector<float>* keep = nullptr,
+                           default_init_vector<float>* keep_shared = nullptr) const {
     struct estimate_tag;
     struct radius_tag;
     struct lower_tag;
@@ -113,8 +114,8 @@ struct quantized_scan {
   bool choose(const index& idx, const KV& kv, const query_group& q, const Exec&, token_range middle, index_t k,
               const budget& b, Selection& out, stats& io) const {
     require(idx.d() == kv.d(), "index", "4-bit keys of d = ", idx.d(), " for a cache of d = ", kv.d());
-    std::vector<float>* keep = nullptr;
-    std::vector<float>* keep_shared = nullptr;
+    default_init_vector<float>* keep = nullptr;
+    default_init_vector<float>* keep_shared = nullptr;
     if constexpr (requires { out.estimates; }) keep = &out.estimates;
     if constexpr (requires { out.shared; }) keep_shared = &out.shared;
     const candidate_set cs = candidates(idx, q, middle, k, b, io, keep, keep_shared);
