@@ -51,12 +51,75 @@ struct options {
   double outlier_share = select::mog_clusters::outlier_share;  // else at most this share of each budget
   bool query_metric = false;  // build with the queries of the second half of the steps, test on the first
   bool breakdown = false;     // per-query counterfactual errors (mog_breakdown.hpp)
+  bool help = false;
 };
 
-std::vector<double> parse_list(const std::string& s) {
+constexpr const char* usage = R"(floe-mog-accuracy: p50/p90/p99/max relative error of MoG attention (mog) against the
+dense reference in double, with the ablation mog_clusters+none and selection-only
+oracle_topk given MoG's bytes, per budget; also index build time and memory.
+
+usage: floe-mog-accuracy [options]
+
+data
+  --synthetic N          synthetic cache of N tokens (default 32768; docs/evaluation.md)
+  --data DIR             a KV dump directory instead (scripts/smollm/dump_kv.sh;
+                         e.g. .cache/smollm/dumps/emma-8160/layer_08)
+  --dtype f16|bf16|f32   element type of the synthetic cache (default f16)
+  --kv-heads H           synthetic KV heads (default 8)
+  --threads T            threads for building and scoring (default 2)
+budgets and selector
+  --budgets B1,B2,...    exact-token fractions (default 0.01,0.02,0.03,0.05)
+  --window W             exact recent tokens (default 64)
+  --refine R             refined clusters hold R x the budget (default 2)
+  --optimism O           rank by O x the score variance (default 1)
+  --maximin              GQA heads take turns instead of ranking by any head's share
+index
+  --clusters C           clusters (default round(sqrt(n)))
+  --subclusters S        subclusters per cluster (default max(1, round(2/3 ln n)))
+  --outliers F           exact outliers: at most fraction F of n, for every budget
+  --outlier-share B      else at most B x each budget's tokens (default 0.5)
+  --outlier-sigma Z      outlier threshold d + Z sqrt(2d) (default 3)
+  --outlier-directions P also test along P pooled principal deviation directions (default 0: off)
+  --query-metric         k-means metric from the queries of the second half of the steps;
+                         errors reported on the first half only
+  --ridge R              ridge of that metric (fraction of the mean eigenvalue, default 0.1)
+  --key-metric           experiment: the keys themselves as the metric sample
+append (docs/methods/mog.md, "Appending 4096 tokens")
+  --append A             build on n - A tokens, append the last A, compare with a fresh build
+  --join-sigma S, --split-factor F, --segment-growth G   append's thresholds
+output
+  --breakdown            where the error comes from: each class of uncovered groups
+                         replaced by its truth in turn (bench/mog/mog_breakdown.hpp)
+  --help                 this text
+)";
+
+// The value of option `name` as a non-negative integer or a finite number, or an error naming it.
+index_t whole_number(const std::string& name, const std::string& text) {
+  std::size_t used = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &used);
+  } catch (const std::exception&) {
+  }
+  require(used == text.size() && !text.empty() && text[0] != '-', name.c_str(), "expects a whole number, got '", text, "'");
+  return static_cast<index_t>(v);
+}
+double real_number(const std::string& name, const std::string& text) {
+  std::size_t used = 0;
+  double v = 0.0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+  }
+  require(used == text.size() && !text.empty() && std::isfinite(v), name.c_str(), "expects a number, got '", text, "'");
+  return v;
+}
+
+std::vector<double> parse_list(const std::string& name, const std::string& s) {
   std::vector<double> out;
   std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) out.push_back(std::stod(item));
+  for (std::string item; std::getline(in, item, ',');) out.push_back(real_number(name, item));
+  require(!out.empty(), name.c_str(), "expects a comma-separated list of numbers");
   return out;
 }
 
@@ -69,32 +132,34 @@ options parse(int argc, char** argv) {
       require(i + 1 < argc, a.c_str(), "needs a value");
       return argv[++i];
     };
-    if (a == "--synthetic") o.synthetic = std::stoul(next());
+    if (a == "--help" || a == "-h") o.help = true;
+    else if (a == "--synthetic") o.synthetic = whole_number(a, next());
     else if (a == "--data") o.data = next();
     else if (a == "--dtype") o.dtype = next();
-    else if (a == "--kv-heads") o.kv_heads = std::stoul(next());
-    else if (a == "--budgets") o.budgets = parse_list(next());
-    else if (a == "--threads") o.threads = std::stoul(next());
-    else if (a == "--window") o.selector.config.window = std::stoul(next());
-    else if (a == "--refine") o.selector.refine = std::stod(next());
-    else if (a == "--optimism") o.selector.optimism = std::stod(next());
-    else if (a == "--clusters") o.selector.config.clusters = std::stoul(next());
-    else if (a == "--subclusters") o.selector.config.subclusters = std::stoul(next());
-    else if (a == "--outliers") o.selector.config.outlier_fraction = std::stod(next()), o.outliers_given = true;
-    else if (a == "--outlier-share") o.outlier_share = std::stod(next());
-    else if (a == "--outlier-sigma") o.selector.config.outlier_sigma = std::stod(next());
-    else if (a == "--outlier-directions") o.selector.config.outlier_directions = std::stoul(next());
+    else if (a == "--kv-heads") o.kv_heads = whole_number(a, next());
+    else if (a == "--budgets") o.budgets = parse_list(a, next());
+    else if (a == "--threads") o.threads = whole_number(a, next());
+    else if (a == "--window") o.selector.config.window = whole_number(a, next());
+    else if (a == "--refine") o.selector.refine = real_number(a, next());
+    else if (a == "--optimism") o.selector.optimism = real_number(a, next());
+    else if (a == "--clusters") o.selector.config.clusters = whole_number(a, next());
+    else if (a == "--subclusters") o.selector.config.subclusters = whole_number(a, next());
+    else if (a == "--outliers") o.selector.config.outlier_fraction = real_number(a, next()), o.outliers_given = true;
+    else if (a == "--outlier-share") o.outlier_share = real_number(a, next());
+    else if (a == "--outlier-sigma") o.selector.config.outlier_sigma = real_number(a, next());
+    else if (a == "--outlier-directions") o.selector.config.outlier_directions = whole_number(a, next());
     else if (a == "--query-metric") o.query_metric = true;
     else if (a == "--key-metric") o.key_metric = true;
-    else if (a == "--append") o.append = std::stoul(next());
+    else if (a == "--append") o.append = whole_number(a, next());
     else if (a == "--maximin") o.selector.maximin = true;
     else if (a == "--breakdown") o.breakdown = true;
-    else if (a == "--join-sigma") o.selector.config.join_sigma = std::stod(next());
-    else if (a == "--split-factor") o.selector.config.split_factor = std::stod(next());
-    else if (a == "--segment-growth") o.selector.config.segment_growth = std::stod(next());
-    else if (a == "--ridge") o.selector.config.query_metric_ridge = std::stod(next());
+    else if (a == "--join-sigma") o.selector.config.join_sigma = real_number(a, next());
+    else if (a == "--split-factor") o.selector.config.split_factor = real_number(a, next());
+    else if (a == "--segment-growth") o.selector.config.segment_growth = real_number(a, next());
+    else if (a == "--ridge") o.selector.config.query_metric_ridge = real_number(a, next());
     else throw invalid_argument(a.c_str(), "unknown option");
   }
+  for (double b : o.budgets) require(b > 0.0 && b <= 1.0, "--budgets", "fractions must lie in (0, 1], got ", b);
   return o;
 }
 
@@ -142,6 +207,10 @@ struct tally {
 
 int main(int argc, char** argv) try {
   const options opt = parse(argc, argv);
+  if (opt.help) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
   io::kv_dump dump;
   if (!opt.data.empty()) {
     dump = io::load_kv_dump(opt.data);
@@ -347,6 +416,6 @@ int main(int argc, char** argv) try {
   }
   return 0;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "floe-mog-accuracy: %s\n", e.what());
+  std::fprintf(stderr, "floe-mog-accuracy: %s\n(see floe-mog-accuracy --help)\n", e.what());
   return 2;
 }
