@@ -119,6 +119,16 @@ void topk_quantized_feature_map(benchmark::State& s) {
   fm.map.features = static_cast<index_t>(s.range(0));
   run(s, floe::estimator<sel, floe::residual::feature_map<>>(five_percent(data().n), fm));
 }
+// The same chosen by estimate (no re-rank): the topk_anchors+feature_map with
+// quantized_scan at its cheapest selection.
+void topk_quantized_by_estimate_feature_map(benchmark::State& s) {
+  using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
+  auto chooser = five_percent(data().n);
+  chooser.scorer.rerank_factor = 1.0;
+  floe::residual::feature_map<> fm;
+  fm.map.features = static_cast<index_t>(s.range(0));
+  run(s, floe::estimator<sel, floe::residual::feature_map<>>(chooser, fm));
+}
 // The same with no re-rank: the k best by 4-bit estimate, no exact keys read to choose.
 void topk_quantized_none_by_estimate(benchmark::State& s) {
   using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
@@ -217,6 +227,7 @@ BENCHMARK(topk_quantized_by_estimate_scan_completion)
     ->Args({50, 0})->Args({200, 0})->Args({50, 8})->Args({200, 8})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_feature_map)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_by_estimate_feature_map)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check
 
 BENCHMARK_MAIN();
