@@ -20,7 +20,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +33,7 @@
 #include "floe/select/mog_clusters.hpp"
 #include "floe/select/oracle_topk.hpp"
 #include "floe/testing/synthetic_kv.hpp"
+#include "../eval/cli.hpp"
 #include "mog_breakdown.hpp"
 
 namespace {
@@ -93,32 +93,14 @@ output
   --help                 this text
 )";
 
-// The value of option `name` as a non-negative integer or a finite number, or an error naming it.
-index_t whole_number(const std::string& name, const std::string& text) {
-  std::size_t used = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(text, &used);
-  } catch (const std::exception&) {
-  }
-  require(used == text.size() && !text.empty() && text[0] != '-', name.c_str(), "expects a whole number, got '", text, "'");
-  return static_cast<index_t>(v);
+// Values through floe-eval's checked parsers (bench/eval/cli.hpp): errors name the option.
+index_t whole_number(const std::string& name, const std::string& text, bool allow_zero = true) {
+  return eval::detail::parse_count(text, name.c_str(), false, allow_zero);
 }
-double real_number(const std::string& name, const std::string& text) {
-  std::size_t used = 0;
-  double v = 0.0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-  }
-  require(used == text.size() && !text.empty() && std::isfinite(v), name.c_str(), "expects a number, got '", text, "'");
-  return v;
-}
-
+double real_number(const std::string& name, const std::string& text) { return eval::detail::parse_number(text, name.c_str()); }
 std::vector<double> parse_list(const std::string& name, const std::string& s) {
   std::vector<double> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) out.push_back(real_number(name, item));
+  for (const std::string& item : eval::detail::split_list(s)) out.push_back(real_number(name, item));
   require(!out.empty(), name.c_str(), "expects a comma-separated list of numbers");
   return out;
 }
@@ -133,12 +115,12 @@ options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--help" || a == "-h") o.help = true;
-    else if (a == "--synthetic") o.synthetic = whole_number(a, next());
+    else if (a == "--synthetic") o.synthetic = whole_number(a, next(), false);
     else if (a == "--data") o.data = next();
     else if (a == "--dtype") o.dtype = next();
-    else if (a == "--kv-heads") o.kv_heads = whole_number(a, next());
+    else if (a == "--kv-heads") o.kv_heads = whole_number(a, next(), false);
     else if (a == "--budgets") o.budgets = parse_list(a, next());
-    else if (a == "--threads") o.threads = whole_number(a, next());
+    else if (a == "--threads") o.threads = whole_number(a, next(), false);
     else if (a == "--window") o.selector.config.window = whole_number(a, next());
     else if (a == "--refine") o.selector.refine = real_number(a, next());
     else if (a == "--optimism") o.selector.optimism = real_number(a, next());
