@@ -166,6 +166,9 @@ TEST_CASE("the scan kernels agree to float rounding", "[topk][quantized]") {
       idx.scan(p, begin, end, centers.back().data(), radii.back().data(), n, kernel, maxima.data());
       for (index_t h = 0; h < 5; ++h)  // partial tiles at both ends: 5 and 700 are not multiples of 16
         REQUIRE(maxima[h] == *std::max_element(centers.back().begin() + h * n, centers.back().begin() + (h + 1) * n));
+      std::vector<float> alone(5 * n);  // without radii (choosing by estimate): the same centers, bit for bit
+      idx.scan(p, begin, end, alone.data(), nullptr, n, kernel);
+      REQUIRE(alone == centers.back());
     }
     for (std::size_t k = 1; k < centers.size(); ++k)
       for (index_t i = 0; i < 5 * n; ++i) {

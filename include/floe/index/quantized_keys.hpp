@@ -136,7 +136,7 @@ class quantized_keys {
       for (index_t h0 = 0; h0 < p.heads; h0 += P) {
         const index_t hn = std::min(P, p.heads - h0);
         quantized_tile::scan_tile(kernel, p, h0, hn, codes_.data() + tile * tile_code_bytes(),
-                                  params_.data() + tile * tile_params(), out_c, out_r);
+                                  params_.data() + tile * tile_params(), out_c, out_r, radius != nullptr);
         for (index_t h = 0; h < hn; ++h) {
           const float* c = out_c + h * T + (first - tile * T);
           std::copy(c, c + (last - first), center + (h0 + h) * ld + first - begin);

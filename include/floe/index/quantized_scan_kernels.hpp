@@ -106,7 +106,7 @@ inline scan_kernel resolve(scan_kernel k) {
 // Centers and radii of heads [h0, h0 + H) for the tokens of one tile: out_c[h * 16 + j].
 // The integer sums run in float lanes of the compiled instruction set (xsimd): they stay
 // below 2^24 (|code * query code| <= 15 * 127 per element, 32 elements), so are exact.
-template <index_t H>
+template <index_t H, bool Radius>
 void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* codes, const half* params,
                    float* out_c, float* out_r) {
   using lanes = xsimd::batch<float>;
@@ -145,20 +145,21 @@ void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* cod
       for (index_t v = 0; v < V; ++v) {
         const lanes o = lanes::load_aligned(offset + v * L), s = lanes::load_aligned(scale + v * L);
         center[h][v] = xsimd::fma(o, sum, xsimd::fma(s, step * dot[h][v], center[h][v]));
-        radius[h][v] = xsimd::fma(lanes::load_aligned(magnitude + v * L), ro, xsimd::fma(s, rs, radius[h][v]));
+        if constexpr (Radius)
+          radius[h][v] = xsimd::fma(lanes::load_aligned(magnitude + v * L), ro, xsimd::fma(s, rs, radius[h][v]));
       }
     }
   }
   for (index_t h = 0; h < H; ++h)
     for (index_t v = 0; v < V; ++v) {
       center[h][v].store_unaligned(out_c + h * tokens + v * L);
-      radius[h][v].store_unaligned(out_r + h * tokens + v * L);
+      if constexpr (Radius) radius[h][v].store_unaligned(out_r + h * tokens + v * L);
     }
 }
 
 #ifdef FLOE_QUANTIZED_SCAN_X86
 // The same for AVX-512 VNNI: the 16 tokens in the lanes, one int32 accumulator per head.
-template <index_t H>
+template <index_t H, bool Radius>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni(const quantized_query& p, index_t h0,
                                                                        const std::uint8_t* codes,
                                                                        const half* params, float* out_c,
@@ -188,20 +189,21 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni(const quan
       const index_t at = (h0 + h) * p.blocks + b;
       const __m512 scaled_dot = _mm512_mul_ps(_mm512_set1_ps(p.step[at]), _mm512_maskz_cvtepi32_ps(all, dot[h]));
       center[h] = _mm512_fmadd_ps(offset, _mm512_set1_ps(p.sums[at]), _mm512_fmadd_ps(scale, scaled_dot, center[h]));
-      radius[h] = _mm512_fmadd_ps(magnitude, _mm512_set1_ps(p.reach_offset[at]),
-                                  _mm512_fmadd_ps(scale, _mm512_set1_ps(p.reach_scale[at]), radius[h]));
+      if constexpr (Radius)
+        radius[h] = _mm512_fmadd_ps(magnitude, _mm512_set1_ps(p.reach_offset[at]),
+                                    _mm512_fmadd_ps(scale, _mm512_set1_ps(p.reach_scale[at]), radius[h]));
     }
   }
   for (index_t h = 0; h < H; ++h) {
     _mm512_storeu_ps(out_c + h * tokens, center[h]);
-    _mm512_storeu_ps(out_r + h * tokens, radius[h]);
+    if constexpr (Radius) _mm512_storeu_ps(out_r + h * tokens, radius[h]);
   }
 }
 
 // The same for AVX2: 8 tokens per register, two halves per tile. vpmaddubsw sums two code
 // x query products into int16 (|.| <= 2 x 15 x 127, and the low and high nibbles' sums
 // together <= 7620: no saturation), vpmaddwd the pairs of a token into int32.
-template <index_t H>
+template <index_t H, bool Radius>
 __attribute__((target("avx2,fma,f16c"))) void scan_avx2(const quantized_query& p, index_t h0,
                                                         const std::uint8_t* codes, const half* params,
                                                         float* out_c, float* out_r) {
@@ -235,35 +237,43 @@ __attribute__((target("avx2,fma,f16c"))) void scan_avx2(const quantized_query& p
         const __m256 scaled_dot = _mm256_mul_ps(_mm256_set1_ps(p.step[at]), _mm256_cvtepi32_ps(dot[h][s]));
         center[h][s] =
             _mm256_fmadd_ps(offset, _mm256_set1_ps(p.sums[at]), _mm256_fmadd_ps(scale, scaled_dot, center[h][s]));
-        radius[h][s] = _mm256_fmadd_ps(magnitude, _mm256_set1_ps(p.reach_offset[at]),
-                                       _mm256_fmadd_ps(scale, _mm256_set1_ps(p.reach_scale[at]), radius[h][s]));
+        if constexpr (Radius)
+          radius[h][s] = _mm256_fmadd_ps(magnitude, _mm256_set1_ps(p.reach_offset[at]),
+                                         _mm256_fmadd_ps(scale, _mm256_set1_ps(p.reach_scale[at]), radius[h][s]));
       }
     }
   }
   for (index_t h = 0; h < H; ++h)
     for (int s = 0; s < 2; ++s) {
       _mm256_storeu_ps(out_c + h * tokens + s * 8, center[h][s]);
-      _mm256_storeu_ps(out_r + h * tokens + s * 8, radius[h][s]);
+      if constexpr (Radius) _mm256_storeu_ps(out_r + h * tokens + s * 8, radius[h][s]);
     }
 }
 #endif
 
-// One tile, heads [h0, h0 + hn), hn <= heads_per_pass, with the resolved kernel.
+// One tile, heads [h0, h0 + hn), hn <= heads_per_pass, with the resolved kernel. Without
+// `with_radius` out_r is left alone (choosing by estimate needs no bounds).
 inline void scan_tile(scan_kernel kernel, const quantized_query& p, index_t h0, index_t hn, const std::uint8_t* codes,
-                      const half* params, float* out_c, float* out_r) {
-  auto run = [&]<index_t H>() {
+                      const half* params, float* out_c, float* out_r, bool with_radius = true) {
+  auto run = [&]<index_t H, bool R>() {
 #ifdef FLOE_QUANTIZED_SCAN_X86
-    if (kernel == scan_kernel::avx512_vnni) return scan_vnni<H>(p, h0, codes, params, out_c, out_r);
-    if (kernel == scan_kernel::avx2) return scan_avx2<H>(p, h0, codes, params, out_c, out_r);
+    if (kernel == scan_kernel::avx512_vnni) return scan_vnni<H, R>(p, h0, codes, params, out_c, out_r);
+    if (kernel == scan_kernel::avx2) return scan_avx2<H, R>(p, h0, codes, params, out_c, out_r);
 #endif
-    scan_portable<H>(p, h0, codes, params, out_c, out_r);
+    scan_portable<H, R>(p, h0, codes, params, out_c, out_r);
   };
-  switch (hn) {
-    case 1: run.template operator()<1>(); break;
-    case 2: run.template operator()<2>(); break;
-    case 3: run.template operator()<3>(); break;
-    default: run.template operator()<4>(); break;
-  }
+  auto heads = [&]<bool R>() {
+    switch (hn) {
+      case 1: run.template operator()<1, R>(); break;
+      case 2: run.template operator()<2, R>(); break;
+      case 3: run.template operator()<3, R>(); break;
+      default: run.template operator()<4, R>(); break;
+    }
+  };
+  if (with_radius)
+    heads.template operator()<true>();
+  else
+    heads.template operator()<false>();
 }
 
 }  // namespace quantized_tile
