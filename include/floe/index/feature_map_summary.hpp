@@ -129,13 +129,25 @@ class feature_map_summary {
     std::vector<feature_mass> out(g);
     Eigen::MatrixXd numer = (weight * phi_).cast<double>();  // [g, dv]
     Eigen::VectorXd mass = (weight * zeta_).cast<double>();
+    // Per chunk, one GEMM (the features, transposed: [M, rows]) and then row updates:
+    // Eigen's small-by-large products packed more bytes than they multiplied.
+    thread_local row_matrix token_features, u, chunk_numer;
+    const Eigen::VectorXf feature_shift = params_.bias - log_scale_;
     for_each_chunk(kv, inside, [&](const auto& keys, const auto& values) {
-      row_matrix e = log_features(keys);
-      e.rowwise() -= log_scale_.transpose();
-      e = e.array().exp().matrix();
-      const row_matrix u = e * weight.transpose();  // [rows, g]: each token's phi(q_h) . phi(k)
-      mass -= u.colwise().sum().transpose().cast<double>();
-      numer -= (u.transpose() * values).template cast<double>();
+      const Eigen::Index rows = keys.rows();
+      token_features.resize(static_cast<Eigen::Index>(features()), rows);
+      token_features.noalias() = params_.projection * keys.transpose();
+      const Eigen::RowVectorXf half_sq = (0.5f * params_.scale) * keys.rowwise().squaredNorm().transpose();
+      u.setZero(static_cast<Eigen::Index>(g), rows);  // u_hr = phi(q_h) . phi(k_r)
+      for (Eigen::Index m = 0; m < token_features.rows(); ++m) {
+        token_features.row(m) = (token_features.row(m).array() - half_sq.array() + feature_shift[m]).exp();
+        for (Eigen::Index h = 0; h < u.rows(); ++h) u.row(h) += weight(h, m) * token_features.row(m);
+      }
+      mass -= u.rowwise().sum().cast<double>();
+      chunk_numer.setZero(static_cast<Eigen::Index>(g), static_cast<Eigen::Index>(dv_));
+      for (Eigen::Index r = 0; r < rows; ++r)
+        for (Eigen::Index h = 0; h < u.rows(); ++h) chunk_numer.row(h) += u(h, r) * values.row(r);
+      numer -= chunk_numer.cast<double>();
     });
     for (index_t h = 0; h < g; ++h) {
       double shift = 0.0;  // s q_h . c, the score shift the centring removed
