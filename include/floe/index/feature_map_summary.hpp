@@ -133,7 +133,9 @@ class feature_map_summary {
     // Eigen's small-by-large products packed more bytes than they multiplied.
     thread_local row_matrix token_features, u, chunk_numer;
     const Eigen::VectorXf feature_shift = params_.bias - log_scale_;
-    for_each_chunk(kv, inside, [&](const auto& keys, const auto& values) {
+    thread_local Eigen::RowVectorXf value_row;
+    value_row.resize(static_cast<Eigen::Index>(dv_));
+    for_each_chunk<false>(kv, inside, [&](const auto& keys, std::span<const index_t> tokens) {
       const Eigen::Index rows = keys.rows();
       token_features.resize(static_cast<Eigen::Index>(features()), rows);
       token_features.noalias() = params_.projection * keys.transpose();
@@ -145,8 +147,10 @@ class feature_map_summary {
       }
       mass -= u.rowwise().sum().cast<double>();
       chunk_numer.setZero(static_cast<Eigen::Index>(g), static_cast<Eigen::Index>(dv_));
-      for (Eigen::Index r = 0; r < rows; ++r)
-        for (Eigen::Index h = 0; h < u.rows(); ++h) chunk_numer.row(h) += u(h, r) * values.row(r);
+      for (Eigen::Index r = 0; r < rows; ++r) {  // value rows widened one at a time, in L1
+        detail::widen(kv.value_row(tokens[static_cast<std::size_t>(r)]), value_row.data(), dv_);
+        for (Eigen::Index h = 0; h < u.rows(); ++h) chunk_numer.row(h) += u(h, r) * value_row;
+      }
       numer -= chunk_numer.cast<double>();
     });
     for (index_t h = 0; h < g; ++h) {
@@ -166,7 +170,7 @@ class feature_map_summary {
   template <KvView KV>
   void add_tokens(const KV& kv, index_t to) {
     const std::vector<token_range> todo{{region_.end, to}};
-    for_each_chunk(kv, todo, [&](const auto& keys, const auto& values) {
+    for_each_chunk<true>(kv, todo, [&](const auto& keys, const auto& values) {
       const row_matrix l = log_features(keys);
       require(l.allFinite(), "keys", "a key in [", region_.end, ", ", to, ") is NaN or Inf, or its features overflow");
       require(values.allFinite(), "values", "a value in [", region_.end, ", ", to, ") is NaN or Inf");
@@ -187,8 +191,9 @@ class feature_map_summary {
     region_.end = to;
   }
 
-  // Calls f(centred keys, values) for the tokens of `ranges`, chunk_tokens rows at a time.
-  template <KvView KV, class F>
+  // Calls f(centred keys, values) for the tokens of `ranges`, chunk_tokens rows at a time;
+  // without Values, f(centred keys, the chunk's tokens), their value rows prefetched.
+  template <bool Values, KvView KV, class F>
   void for_each_chunk(const KV& kv, const std::vector<token_range>& ranges, F&& f) const {
     // Per-thread buffers kept between calls: fresh pages every step cost more than the GEMMs.
     thread_local row_matrix keys, values;
@@ -208,10 +213,13 @@ class feature_map_summary {
         }
         const auto row = static_cast<Eigen::Index>(r);
         detail::widen(kv.key_row(tokens[first + r]), &keys(row, 0), d_);
-        detail::widen(kv.value_row(tokens[first + r]), &values(row, 0), dv_);
+        if constexpr (Values) detail::widen(kv.value_row(tokens[first + r]), &values(row, 0), dv_);
         keys.row(row) -= centre_.transpose();
       }
-      f(keys.topRows(static_cast<Eigen::Index>(rows)), values.topRows(static_cast<Eigen::Index>(rows)));
+      if constexpr (Values)
+        f(keys.topRows(static_cast<Eigen::Index>(rows)), values.topRows(static_cast<Eigen::Index>(rows)));
+      else
+        f(keys.topRows(static_cast<Eigen::Index>(rows)), std::span<const index_t>(tokens.data() + first, rows));
     }
   }
 
