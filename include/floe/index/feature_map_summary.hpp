@@ -198,7 +198,7 @@ class feature_map_summary {
     // Per-thread buffers kept between calls: fresh pages every step cost more than the GEMMs.
     thread_local row_matrix keys, values;
     keys.resize(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(d_));
-    values.resize(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(dv_));
+    if constexpr (Values) values.resize(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(dv_));
     thread_local std::vector<index_t> tokens;
     tokens.clear();
     for (const token_range& r : ranges)

@@ -138,7 +138,8 @@ void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* cod
       }
     detail::widen_finite(params + b * 2 * tokens, offset, tokens);
     detail::widen_finite(params + b * 2 * tokens + tokens, scale, tokens);
-    for (index_t j = 0; j < tokens; ++j) magnitude[j] = std::fabs(offset[j]);
+    if constexpr (Radius)
+      for (index_t j = 0; j < tokens; ++j) magnitude[j] = std::fabs(offset[j]);
     for (index_t h = 0; h < H; ++h) {
       const index_t at = (h0 + h) * p.blocks + b;
       const lanes step(p.step[at]), sum(p.sums[at]), rs(p.reach_scale[at]), ro(p.reach_offset[at]);
