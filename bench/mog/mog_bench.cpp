@@ -8,7 +8,9 @@
 // warm) is read, so that a step starts with neither the KV nor the index nor the chosen
 // subclusters in the caches (the 260-300 MiB L3 would otherwise hold all of them between
 // steps, as it cannot in an engine that steps every layer and head in turn), as
-// bench/topk/topk_decode_bench.cpp does.
+// bench/topk/topk_decode_bench.cpp does. The KV caches (both layouts) sit on transparent
+// huge pages, as engines allocate them (FLOE_BENCH_HUGE_PAGES=0: 4 KiB pages).
+// mog_phase_cold times the selector, the exact part and the residual of one step apart.
 // docs/methods/mog.md has the command and the figures.
 #include <benchmark/benchmark.h>
 
@@ -27,6 +29,7 @@
 #include "floe/select/mog_clusters.hpp"
 #include "floe/testing/synthetic_kv.hpp"
 #include "../support/cold_caches.hpp"
+#include "../support/huge_page_allocator.hpp"
 
 namespace {
 
@@ -37,7 +40,8 @@ using mog = estimator<select::mog_clusters, residual::gaussian_moments>;
 // same cache copied into the index's clustered order.
 struct head_data {
   index_t n, d, g, steps;
-  std::vector<half> keys, values, keys_clustered, values_clustered;
+  using kv_rows = std::vector<half, floe::bench::huge_page_allocator<half>>;  // as engines allocate caches
+  kv_rows keys, values, keys_clustered, values_clustered;
   std::vector<float> queries;
   kv_view<half> view() const { return {keys.data(), values.data(), n, d, d}; }
   kv_view<half> clustered_view() const { return {keys_clustered.data(), values_clustered.data(), n, d, d}; }
@@ -148,6 +152,38 @@ void mog_decode_clustered_layout(benchmark::State& state) {
   run(state, est, st, h.clustered_view(), h, cold);
 }
 
+// args: n, g, clustered (0/1), phase (0 select, 1 attend, 2 residual). The three parts of
+// one cold 5 % step timed apart: each starts cold, the other parts' results come from a
+// step outside the timing, so they add up to about one mog_decode_cold step.
+void mog_phase_cold(benchmark::State& state) {
+  const auto& h = data(state.range(0), state.range(1));
+  const mog est = make_mog(h, 50);
+  const bool clustered = state.range(2) != 0;
+  const auto& st = mog_state(h, est, clustered);
+  const kv_view<half> kv = clustered ? h.clustered_view() : h.view();
+  const exec::simd exec;
+  select::mog_clusters::selection sel;
+  stats s;
+  index_t calls = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    const query_group q = h.query(calls++ % h.steps);
+    est.selector().select(st.selector_index, kv, q, exec, sel, s);
+    partial_set<float> parts(q.heads, kv.dv());
+    if (state.range(3) == 2) exec.attend(kv, q, sel.ranges, parts);
+    state.ResumeTiming();
+    floe::bench::start_cold(state);
+    switch (state.range(3)) {
+      case 0: est.selector().select(st.selector_index, kv, q, exec, sel, s); break;
+      case 1: exec.attend(kv, q, sel.ranges, parts); break;
+      default: est.residual().estimate(st.residual_index, kv, q, sel, exec, parts, s);
+    }
+    benchmark::DoNotOptimize(parts.l(0));
+  }
+  static constexpr const char* names[] = {"select", "attend", "residual"};
+  state.SetLabel(names[state.range(3)]);
+}
+
 // args: n, threads
 void mog_build(benchmark::State& state) {
   const auto& h = data(state.range(0), 1);
@@ -199,6 +235,7 @@ BENCHMARK(mog_decode_clustered_layout<false>)->Name("mog_decode_clustered_layout
     ->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(mog_decode_clustered_layout<true>)->Name("mog_decode_clustered_layout_cold")->Apply([](auto* b) { shapes(b, true); })
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
+BENCHMARK(mog_phase_cold)->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}})->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_build)->Args({131072, 1})->Args({131072, 2})->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(mog_append)->Args({32768, 4096})->Args({131072, 16384})->Unit(benchmark::kMillisecond)->Iterations(1);
 

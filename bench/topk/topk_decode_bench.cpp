@@ -27,7 +27,7 @@
 #include "floe/select/dense.hpp"
 #include "floe/select/scorers/quantized_scan.hpp"
 #include "floe/select/topk_anchors.hpp"
-#include "huge_page_allocator.hpp"
+#include "../support/huge_page_allocator.hpp"
 #include "../support/cold_caches.hpp"
 
 namespace {

@@ -1,6 +1,6 @@
 // An allocator for benchmark buffers backed by 2 MiB transparent huge pages where the
 // kernel grants them (madvise), as inference engines allocate their KV caches: the
-// re-rank gathers scattered key rows, and with 4 KiB pages each row costs a TLB walk.
+// sparse methods gather scattered rows, and with 4 KiB pages each row costs a TLB walk.
 // FLOE_BENCH_HUGE_PAGES=0 turns it off, to measure the difference.
 #pragma once
 
