@@ -220,14 +220,14 @@ struct mog_clusters {
   };
 
   // lam = log n_g + [mean | var] . [s q | s^2 q^2 / 2]; pri the same with `optimism` x the
-  // variance term. The groups' fp16 rows are decoded a block at a time, then one matrix
-  // product per block for all heads.
+  // variance term. Each group's fp16 row is decoded into one L1 row, then dotted with every
+  // head's column (a block of decoded rows was 64 KiB of scratch written cold every step).
   class group_scorer {
    public:
     group_scorer(const mog_index& idx, const query_group& q, double optimism)
         : idx_(idx), heads_(q.heads),
           w_(static_cast<Eigen::Index>(2 * idx.d()), static_cast<Eigen::Index>((optimism == 1.0 ? 1 : 2) * q.heads)),
-          block_(block_rows, static_cast<Eigen::Index>(2 * idx.d())) {
+          row_(static_cast<Eigen::Index>(2 * idx.d())) {
       const index_t d = idx.d();
       for (index_t h = 0; h < heads_; ++h)
         for (index_t t = 0; t < d; ++t) {
@@ -253,12 +253,12 @@ struct mog_clusters {
     // Subclusters `subs` (numbered from 0; group offset `first_sub_group`).
     scores rows_of(const std::vector<std::uint32_t>& subs, index_t first_sub_group) {
       Eigen::MatrixXf p(static_cast<Eigen::Index>(subs.size()), w_.cols());
-      for (index_t j = 0; j < subs.size(); j += block_rows) {
-        const auto k = static_cast<Eigen::Index>(std::min<index_t>(block_rows, subs.size() - j));
-        for (Eigen::Index r = 0; r < k; ++r) idx_.decode_moments(first_sub_group + subs[j + static_cast<index_t>(r)], block_.row(r).data());
-        p.middleRows(static_cast<Eigen::Index>(j), k).noalias() = block_.topRows(k) * w_;
-        for (Eigen::Index r = 0; r < k; ++r)
-          p.row(static_cast<Eigen::Index>(j) + r).array() += idx_.log_counts()[first_sub_group + subs[j + static_cast<index_t>(r)]];
+      for (index_t j = 0; j < subs.size(); ++j) {
+        if (j + rows_ahead < subs.size()) idx_.prefetch_moments(first_sub_group + subs[j + rows_ahead]);
+        const index_t g = first_sub_group + subs[j];
+        idx_.decode_moments(g, row_.data());
+        const auto r = static_cast<Eigen::Index>(j);
+        for (Eigen::Index c = 0; c < w_.cols(); ++c) p(r, c) = row_.dot(w_.col(c)) + idx_.log_counts()[g];
       }
       return finish(std::move(p));
     }
@@ -275,11 +275,11 @@ struct mog_clusters {
       s.log_z = log_sum_exp_cols(s.lam);
       return s;
     }
-    static constexpr Eigen::Index block_rows = 64;
+    static constexpr index_t rows_ahead = 4;  // summary rows asked for ahead of decoding
     const mog_index& idx_;
     index_t heads_;
     Eigen::MatrixXf w_;
-    row_matrix block_;  // decoded [mean | variance] rows
+    Eigen::VectorXf row_;  // one decoded [mean | variance] row: L1-sized scratch, not a block of rows
   };
 
   static Eigen::RowVectorXf log_sum_exp_cols(const Eigen::MatrixXf& lam) {
