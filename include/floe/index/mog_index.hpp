@@ -160,12 +160,10 @@ class mog_index {
     detail::decode_halves(row, scales_[3 * g], d_, out);
     detail::decode_halves(row + d_, scales_[3 * g + 1], d_, out + d_);
   }
-  // Asks for group g's [mean | variance] row ahead of decode_moments (cold scoring reads
-  // a group's rows from DRAM one after another).
-  void prefetch_moments(index_t g) const {
-    const char* p = reinterpret_cast<const char*>(summary_.data() + g * row_width());
-    for (index_t b = 0; b < 2 * d_ * index_t{sizeof(half)}; b += 64) __builtin_prefetch(p + b);
-  }
+  // Ask for group g's [mean | variance] or value mean ahead of decoding it (cold steps read
+  // the rows of scattered groups from DRAM one after another).
+  void prefetch_moments(index_t g) const { prefetch_halves(summary_.data() + g * row_width(), 2 * d_); }
+  void prefetch_value_mean(index_t g) const { prefetch_halves(summary_.data() + g * row_width() + 2 * d_, dv_); }
   void decode_value_mean(index_t g, float* out) const {
     detail::decode_halves(summary_.data() + g * row_width() + 2 * d_, scales_[3 * g + 2], dv_, out);
   }
@@ -484,6 +482,10 @@ class mog_index {
     return list;
   }
   index_t row_width() const { return 2 * d_ + dv_; }
+  static void prefetch_halves(const half* x, index_t n) {
+    const char* p = reinterpret_cast<const char*>(x);
+    for (index_t b = 0; b < n * index_t{sizeof(half)}; b += 64) __builtin_prefetch(p + b);
+  }
   std::vector<float> decoded(index_t g, index_t part, index_t width) const {
     std::vector<float> out(width);
     detail::decode_halves(summary_.data() + g * row_width() + part * d_, scales_[3 * g + part], width, out.data());

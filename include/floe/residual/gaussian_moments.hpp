@@ -90,8 +90,10 @@ struct gaussian_moments {
     std::vector<float> a(heads * dv, 0.f), shift(dv), value_mean(dv);
     const float* nu = value_mean.data();
     std::uint64_t bytes = groups * (dv * sizeof(half) + sizeof(float));  // fp16 value mean and its scale
+    constexpr index_t rows_ahead = 4;  // value means asked for ahead of decoding
     for (index_t j = 0; j < groups; ++j) {
       const index_t g = sel.residual_groups[j];
+      if (j + rows_ahead < groups) idx.prefetch_value_mean(sel.residual_groups[j + rows_ahead]);
       idx.decode_value_mean(g, value_mean.data());
       const bool corrected = use_cov && g < idx.clusters();
       if (corrected) bytes += dv * d * sizeof(float);
