@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -131,19 +132,24 @@ struct mog_clusters {
         maximin);
 
     // Exact set: sinks, outliers and members of chosen subclusters in increasing position, the tail.
-    std::vector<std::uint64_t> marks((tail_begin + 63) / 64, 0);
-    for (auto p : idx.outliers()) marks[p >> 6] |= std::uint64_t{1} << (p & 63);
-    st.summary_bytes += idx.outliers().size() * sizeof(std::uint32_t);
+    std::vector<std::uint32_t> picked;
+    picked.reserve(chosen_count);
     for (index_t j = 0; j < candidates; ++j)
-      if (chosen[j])
-        for (auto p : idx.members(cand[j])) marks[p >> 6] |= std::uint64_t{1} << (p & 63);
+      if (chosen[j]) picked.push_back(cand[j]);
+    st.summary_bytes += idx.outliers().size() * sizeof(std::uint32_t);
     st.summary_bytes += taken * sizeof(std::uint32_t) + chosen_count * 2 * sizeof(std::uint32_t);  // positions, offsets
     out.add(0, idx.sinks());
-    for (index_t word = 0; word < marks.size(); ++word)
-      for (std::uint64_t bits = marks[word]; bits != 0; bits &= bits - 1) {
-        const index_t p = word * 64 + static_cast<index_t>(std::countr_zero(bits));
-        out.add(p, p + 1);
-      }
+    if (!add_whole_runs(idx, picked, out)) {
+      std::vector<std::uint64_t> marks((tail_begin + 63) / 64, 0);
+      for (auto p : idx.outliers()) marks[p >> 6] |= std::uint64_t{1} << (p & 63);
+      for (auto s : picked)
+        for (auto p : idx.members(s)) marks[p >> 6] |= std::uint64_t{1} << (p & 63);
+      for (index_t word = 0; word < marks.size(); ++word)
+        for (std::uint64_t bits = marks[word]; bits != 0; bits &= bits - 1) {
+          const index_t p = word * 64 + static_cast<index_t>(std::countr_zero(bits));
+          out.add(p, p + 1);
+        }
+    }
     out.add(tail_begin, n);
 
     // Hints for the residual: every group not read exactly, with its log-mass per head.
@@ -293,6 +299,28 @@ struct mog_clusters {
       out[h] = top + std::log((lam.col(h).array() - top).exp().sum());
     }
     return out;
+  }
+
+  // When the outliers and the members of each chosen subcluster are each one run of
+  // consecutive positions (a cache in the adopted clustered order), adds those runs in
+  // increasing order and returns true; otherwise adds nothing (the caller marks tokens).
+  static bool add_whole_runs(const mog_index& idx, const std::vector<std::uint32_t>& subs, floe::selection& out) {
+    std::vector<token_range> runs;
+    runs.reserve(subs.size() + 1);
+    auto run_of = [&](std::span<const std::uint32_t> m) {
+      if (m.empty()) return true;
+      if (m.back() < m.front() || m.back() - m.front() + 1 != m.size()) return false;  // O(1) reject of scattered lists
+      const auto [lo, hi] = std::minmax_element(m.begin(), m.end());
+      if (*hi - *lo + 1 != m.size()) return false;  // distinct positions: a run iff they span size()
+      runs.push_back({*lo, index_t{*hi} + 1});
+      return true;
+    };
+    if (!run_of(idx.outliers())) return false;
+    for (auto s : subs)
+      if (!run_of(idx.members(s))) return false;
+    std::sort(runs.begin(), runs.end(), [](const token_range& a, const token_range& b) { return a.begin < b.begin; });
+    for (const auto& r : runs) out.add(r.begin, r.end);
+    return true;
   }
 
   static double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
