@@ -23,6 +23,7 @@
 #include "floe/core/numeric_types.hpp"
 #include "floe/exec/parallel.hpp"
 #include "floe/index/kmeans.hpp"
+#include "floe/index/widen.hpp"
 
 namespace floe {
 
@@ -162,8 +163,8 @@ class mog_index {
   }
   // Ask for group g's [mean | variance] or value mean ahead of decoding it (cold steps read
   // the rows of scattered groups from DRAM one after another).
-  void prefetch_moments(index_t g) const { prefetch_halves(summary_.data() + g * row_width(), 2 * d_); }
-  void prefetch_value_mean(index_t g) const { prefetch_halves(summary_.data() + g * row_width() + 2 * d_, dv_); }
+  void prefetch_moments(index_t g) const { detail::prefetch_row(summary_.data() + g * row_width(), 2 * d_); }
+  void prefetch_value_mean(index_t g) const { detail::prefetch_row(summary_.data() + g * row_width() + 2 * d_, dv_); }
   void decode_value_mean(index_t g, float* out) const {
     detail::decode_halves(summary_.data() + g * row_width() + 2 * d_, scales_[3 * g + 2], dv_, out);
   }
@@ -482,10 +483,6 @@ class mog_index {
     return list;
   }
   index_t row_width() const { return 2 * d_ + dv_; }
-  static void prefetch_halves(const half* x, index_t n) {
-    const char* p = reinterpret_cast<const char*>(x);
-    for (index_t b = 0; b < n * index_t{sizeof(half)}; b += 64) __builtin_prefetch(p + b);
-  }
   std::vector<float> decoded(index_t g, index_t part, index_t width) const {
     std::vector<float> out(width);
     detail::decode_halves(summary_.data() + g * row_width() + part * d_, scales_[3 * g + part], width, out.data());
