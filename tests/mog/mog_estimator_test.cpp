@@ -313,6 +313,31 @@ TEST_CASE("mog: a cache reordered by clustered_order gives contiguous subcluster
   stats s;
   est.selector().select(adopted.selector_index, moved.view(), q, exec::scalar{}, out, s);
   REQUIRE(out.ranges.size() * 2 <= out.count());  // runs of whole subclusters, not single tokens
+
+  // At every budget the adopted index's whole runs cover exactly the per-token index's
+  // tokens moved by the order, and leave the same groups to the residual.
+  for (const double f : {0.02, 0.05, 0.2, 0.5}) {
+    INFO("budget fraction " << f);
+    const auto sel = floe::testing::mog_selector(budget::fraction(f));
+    const auto idx = sel.build(view);
+    auto moved_idx = idx;
+    moved_idx.adopt_clustered_order();
+    select::mog_clusters::selection per_token, runs;
+    sel.select(idx, view, q, exec::scalar{}, per_token, s);
+    sel.select(moved_idx, moved.view(), q, exec::scalar{}, runs, s);
+    validate_ranges(runs.ranges, kv.n);
+    std::vector<index_t> want, got;
+    for (const auto& r : per_token.ranges)
+      for (index_t i = r.begin; i < r.end; ++i) want.push_back(i);
+    std::vector<index_t> position(kv.n);
+    for (index_t p = 0; p < kv.n; ++p) position[order[p]] = p;
+    for (auto& i : want) i = position[i];
+    std::sort(want.begin(), want.end());
+    for (const auto& r : runs.ranges)
+      for (index_t i = r.begin; i < r.end; ++i) got.push_back(i);
+    REQUIRE(got == want);
+    REQUIRE(runs.residual_groups == per_token.residual_groups);
+  }
 }
 
 TEST_CASE("mog: appended tokens are attended exactly while they wait in the tail", "[mog]") {
