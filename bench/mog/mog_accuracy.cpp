@@ -72,6 +72,7 @@ budgets and selector
   --window W             exact recent tokens (default 64)
   --refine R             refined clusters hold R x the budget (default 2)
   --optimism O           rank by O x the score variance (default 1)
+  --variance-scale C     estimate with C x the Gaussian's variance term (default 1)
   --maximin              GQA heads take turns instead of ranking by any head's share
 index
   --clusters C           clusters (default round(sqrt(n)))
@@ -80,6 +81,7 @@ index
   --outlier-share B      else at most B x each budget's tokens (default 0.5)
   --outlier-sigma Z      outlier threshold d + Z sqrt(2d) (default 3)
   --outlier-directions P also test along P pooled principal deviation directions (default 0: off)
+  --outlier-bands B      also test each of B bands of RoPE pairs, rotate-half layout (default 8; 0: off)
   --query-metric         k-means metric from the queries of the second half of the steps;
                          errors reported on the first half only
   --ridge R              ridge of that metric (fraction of the mean eigenvalue, default 0.1)
@@ -124,12 +126,14 @@ options parse(int argc, char** argv) {
     else if (a == "--window") o.selector.config.window = whole_number(a, next());
     else if (a == "--refine") o.selector.refine = real_number(a, next());
     else if (a == "--optimism") o.selector.optimism = real_number(a, next());
+    else if (a == "--variance-scale") o.selector.variance_scale = real_number(a, next());
     else if (a == "--clusters") o.selector.config.clusters = whole_number(a, next());
     else if (a == "--subclusters") o.selector.config.subclusters = whole_number(a, next());
     else if (a == "--outliers") o.selector.config.outlier_fraction = real_number(a, next()), o.outliers_given = true;
     else if (a == "--outlier-share") o.outlier_share = real_number(a, next());
     else if (a == "--outlier-sigma") o.selector.config.outlier_sigma = real_number(a, next());
     else if (a == "--outlier-directions") o.selector.config.outlier_directions = whole_number(a, next());
+    else if (a == "--outlier-bands") o.selector.config.outlier_bands = whole_number(a, next());
     else if (a == "--query-metric") o.query_metric = true;
     else if (a == "--key-metric") o.key_metric = true;
     else if (a == "--append") o.append = whole_number(a, next());

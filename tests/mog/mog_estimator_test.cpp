@@ -90,6 +90,48 @@ TEST_CASE("mog: a partial budget reads at most its tokens, and every other token
     }
 }
 
+// variance_scale c multiplies the variance term of the hints: log n + s q.mu + c s^2/2 sum q^2 var.
+TEST_CASE("mog: variance_scale tempers the variance term of every estimate; bad values are refused", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(721);
+  random_kv<float> kv(g, 3000, 32, 16);
+  floe::testing::make_clustered(kv, g, 20);
+  const auto view = kv.view();
+  auto sel = floe::testing::mog_selector(budget::fraction(0.05));
+  const auto idx = sel.build(view);
+  const auto qd = floe::testing::random_floats(g, 4 * 32, 1.f);
+  const auto q = query_group::make(qd.data(), 4, 32);
+  const std::vector<float> no_variance(32, 0.f);
+  for (double c : {0.5, 0.0}) {
+    sel.variance_scale = c;
+    select::mog_clusters::selection out;
+    stats s;
+    sel.select(idx, view, q, exec::scalar{}, out, s);
+    const index_t groups = out.residual_groups.size();
+    REQUIRE(groups > 0);
+    for (index_t h = 0; h < 4; ++h)
+      for (index_t j = 0; j < groups; j += 5) {
+        const auto gid = out.residual_groups[j];
+        const double log_n = std::log(static_cast<double>(idx.count(gid)));
+        const double full = gaussian_log_mass(log_n, idx.mean(gid).data(), idx.variance(gid).data(), q.row(h), 32, q.scale);
+        const double mean_only = gaussian_log_mass(log_n, idx.mean(gid).data(), no_variance.data(), q.row(h), 32, q.scale);
+        const double want = mean_only + c * (full - mean_only);
+        REQUIRE(out.residual_log_mass[h * groups + j] == Approx(want).margin(1e-4 * (1 + std::abs(want))));
+      }
+  }
+  for (double bad : {-0.5, std::nan("")}) {
+    sel.variance_scale = bad;
+    select::mog_clusters::selection out;
+    stats s;
+    try {
+      sel.select(idx, view, q, exec::scalar{}, out, s);
+      FAIL("variance_scale " << bad << " accepted");
+    } catch (const floe::invalid_argument& e) {
+      REQUIRE(e.argument() == "variance_scale");
+    }
+  }
+}
+
 TEST_CASE("mog: the Gaussian residual beats dropping it (mog_clusters+none) at equal reads", "[mog]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(715);

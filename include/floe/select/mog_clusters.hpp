@@ -40,6 +40,11 @@ struct mog_clusters {
   budget limit = budget::fraction(0.05);
   double refine = 2.0;    // refined clusters hold about this many times the exact-token budget
   double optimism = 1.0;  // priorities use this multiple of the score variance (1: the plain estimate)
+  // Multiplies the variance term of every estimate (and priority): 1 is the Gaussian's
+  // exp(s^2/2 sum q_t^2 var_t). Below 1 tempers it for groups whose scores have lighter tails
+  // than a Gaussian: on the SmolLM2 dumps 0.5 halves p90 at 5-10 %, on the Gaussian-built
+  // synthetic cache it doubles it (docs/methods/mog.md, "Tempering the variance term").
+  double variance_scale = 1.0;
   bool maximin = false;   // GQA: rank groups by the largest estimated share of any head; true: heads take turns (maximin)
 
   // The default configuration for a budget on a cache of n tokens: 4 sinks and a recent
@@ -80,7 +85,10 @@ struct mog_clusters {
     }
     const index_t always = idx.sinks() + idx.outliers().size() + (n - tail_begin), heads = q.heads, clusters = idx.clusters();
     index_t left = b > always ? b - always : 0;  // sinks, outliers and tail are exact whatever the budget
-    group_scorer scorer(idx, q, optimism);
+    require(std::isfinite(variance_scale) && variance_scale >= 0.0, "variance_scale", "must be finite and >= 0, got ",
+            variance_scale);
+    require(std::isfinite(optimism) && optimism >= 0.0, "optimism", "must be finite and >= 0, got ", optimism);
+    group_scorer scorer(idx, q, optimism, variance_scale);
 
     // Clusters: estimated log-mass and priority per head.
     scores cl = scorer.rows(0, clusters);
@@ -225,12 +233,12 @@ struct mog_clusters {
     }
   };
 
-  // lam = log n_g + [mean | var] . [s q | s^2 q^2 / 2]; pri the same with `optimism` x the
+  // lam = log n_g + [mean | var] . [s q | c s^2 q^2 / 2] (c = variance_scale); pri the same with `optimism` x the
   // variance term. Each group's fp16 row is decoded into one L1 row, then dotted with every
   // head's column (a block of decoded rows was 64 KiB of scratch written cold every step).
   class group_scorer {
    public:
-    group_scorer(const mog_index& idx, const query_group& q, double optimism)
+    group_scorer(const mog_index& idx, const query_group& q, double optimism, double variance_scale)
         : idx_(idx), heads_(q.heads),
           w_(static_cast<Eigen::Index>(2 * idx.d()), static_cast<Eigen::Index>((optimism == 1.0 ? 1 : 2) * q.heads)),
           row_(static_cast<Eigen::Index>(2 * idx.d())) {
@@ -240,11 +248,11 @@ struct mog_clusters {
           const float sq = q.scale * q.row(h)[t];
           const auto r = static_cast<Eigen::Index>(t), c = static_cast<Eigen::Index>(h);
           w_(r, c) = sq;
-          w_(static_cast<Eigen::Index>(d) + r, c) = 0.5f * sq * sq;
+          w_(static_cast<Eigen::Index>(d) + r, c) = static_cast<float>(0.5 * variance_scale) * sq * sq;
           if (w_.cols() == 2 * static_cast<Eigen::Index>(heads_)) {  // priorities differ from estimates
             const auto cp = static_cast<Eigen::Index>(heads_ + h);
             w_(r, cp) = sq;
-            w_(static_cast<Eigen::Index>(d) + r, cp) = static_cast<float>(0.5 * optimism) * sq * sq;
+            w_(static_cast<Eigen::Index>(d) + r, cp) = static_cast<float>(0.5 * optimism * variance_scale) * sq * sq;
           }
         }
     }
