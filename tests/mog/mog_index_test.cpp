@@ -12,6 +12,20 @@ using floe::testing::random_kv;
 
 namespace {
 
+// Adds magnitude x (u normalised) to the keys of `count` evenly spaced tokens; their positions.
+std::vector<index_t> plant_far_keys(random_kv<float>& kv, std::vector<float> u, float magnitude, index_t count) {
+  const index_t n = kv.n, d = kv.d;
+  float norm = 0.f;
+  for (float x : u) norm += x * x;
+  for (float& x : u) x /= std::sqrt(norm);
+  std::vector<index_t> far;
+  for (index_t i = 0; i < count; ++i) {
+    far.push_back(10 + i * (n - 20) / count);
+    for (index_t t = 0; t < d; ++t) kv.keys[far.back() * d + t] += magnitude * u[t];
+  }
+  return far;
+}
+
 // Every token in [sinks(), tokens()) sits in exactly one subcluster; lists increase; counts add up.
 void check_partition(const mog_index& idx) {
   std::vector<int> seen(idx.tokens(), 0);
@@ -187,17 +201,10 @@ TEST_CASE("mog_index: outlier_directions catches keys far along a shared directi
   const float spread = 0.5f;
   random_kv<float> kv(g, n, d, 8);
   floe::testing::make_clustered(kv, g, 8, spread);
-  std::vector<float> u = floe::testing::random_floats(g, d, 1.f);
-  float norm = 0.f;
-  for (float x : u) norm += x * x;
-  for (float& x : u) x /= std::sqrt(norm);
-  std::vector<index_t> far;
-  for (index_t i = 0; i < planted; ++i) {
-    far.push_back(10 + i * (n - 20) / planted);
-    for (index_t t = 0; t < d; ++t) kv.keys[far.back() * d + t] += 6.f * spread * u[t];
-  }
+  const std::vector<index_t> far = plant_far_keys(kv, floe::testing::random_floats(g, d, 1.f), 6.f * spread, planted);
   const auto caught = [&](index_t directions) {
     mog_config cfg;
+    cfg.outlier_bands = 0;  // the all-dimension test alone, against it with the direction test
     cfg.outlier_directions = directions;
     cfg.outlier_fraction = 0.1;  // a cap the candidates do not reach: this checks the test, not the ranking
     const auto idx = mog_index::build(kv.view(), cfg);
@@ -228,18 +235,11 @@ TEST_CASE("mog_index: outlier_bands catches keys far within one RoPE band", "[mo
   floe::testing::make_clustered(kv, g, 8, spread);
   const std::vector<float> clean = kv.keys;
   std::vector<float> u = floe::testing::random_floats(g, d, 1.f);
-  float norm = 0.f;
   for (index_t t = 0; t < d; ++t) {
     const index_t pair = t % pairs;  // rotate-half layout: dimensions t and t + d/2 form pair t
     if (pair < band * pairs / bands || pair >= (band + 1) * pairs / bands) u[t] = 0.f;
-    norm += u[t] * u[t];
   }
-  for (float& x : u) x /= std::sqrt(norm);
-  std::vector<index_t> far;
-  for (index_t i = 0; i < planted; ++i) {
-    far.push_back(10 + i * (n - 20) / planted);
-    for (index_t t = 0; t < d; ++t) kv.keys[far.back() * d + t] += 6.3f * spread * u[t];
-  }
+  const std::vector<index_t> far = plant_far_keys(kv, u, 6.3f * spread, planted);
   const auto build = [&](index_t outlier_bands) {
     mog_config cfg;
     cfg.outlier_bands = outlier_bands;

@@ -101,8 +101,9 @@ inline double normal_upper_quantile(double p) {
 }
 // The largest chi-square deviation of one band of RoPE pairs (rotate-half layout), as the
 // chi-square(d) value of the same tail probability once multiplied by the number of bands
-// (Bonferroni). z2 holds the d squared whitened deviations of one key.
-inline double band_deviation(const double* z2, index_t d, index_t bands) {
+// (Bonferroni). z2 holds the d squared whitened deviations of one key. Values at most
+// `floor` are not needed, and their tail inversion (a few Newton steps) is skipped: 0.
+inline double band_deviation(const double* z2, index_t d, index_t bands, double floor = 0.0) {
   const index_t pairs = d / 2;
   bands = std::min(bands, pairs);
   if (bands == 0) return 0.0;
@@ -113,6 +114,7 @@ inline double band_deviation(const double* z2, index_t d, index_t bands) {
     for (index_t j = lo; j < hi; ++j) t += z2[j] + z2[j + pairs];
     worst = std::max(worst, chi_square_z(t, 2.0 * static_cast<double>(hi - lo)));
   }
+  if (chi_square_at_z(worst, static_cast<double>(d)) <= floor) return 0.0;  // the factor only lowers it
   constexpr double far = 37.0;  // beyond it the normal tail underflows a double
   const double tail = 0.5 * std::erfc(std::min(worst, far) / std::sqrt(2.0)) * static_cast<double>(bands);
   if (!(tail < 0.5)) return 0.0;  // not improbable after the factor: no evidence
@@ -797,7 +799,8 @@ class mog_index {
     double sum = 0.0;
     for (index_t t = 0; t < d_; ++t) sum += z2[t];
     if (cfg_.outlier_bands == 0 || metric_.size()) return sum;
-    return std::max(sum, detail::band_deviation(z2, d_, cfg_.outlier_bands));
+    // Below the larger of the sum and the threshold a band value changes no decision.
+    return std::max(sum, detail::band_deviation(z2, d_, cfg_.outlier_bands, std::max(sum, outlier_threshold())));
   }
 
   // Squared Mahalanobis distances (diagonal) of the joined rows of keys to their clusters,
