@@ -82,6 +82,7 @@ index
   --outlier-sigma Z      outlier threshold d + Z sqrt(2d) (default 3)
   --outlier-directions P also test along P pooled principal deviation directions (default 0: off)
   --outlier-bands B      also test each of B bands of RoPE pairs, rotate-half layout (default 8; 0: off)
+  --fit-probes P         fit each group's variance term over P probe keys (default 64; 0: off)
   --query-metric         k-means metric from the queries of the second half of the steps;
                          errors reported on the first half only
   --ridge R              ridge of that metric (fraction of the mean eigenvalue, default 0.1)
@@ -134,6 +135,7 @@ options parse(int argc, char** argv) {
     else if (a == "--outlier-sigma") o.selector.config.outlier_sigma = real_number(a, next());
     else if (a == "--outlier-directions") o.selector.config.outlier_directions = whole_number(a, next());
     else if (a == "--outlier-bands") o.selector.config.outlier_bands = whole_number(a, next());
+    else if (a == "--fit-probes") o.selector.config.variance_fit_probes = whole_number(a, next());
     else if (a == "--query-metric") o.query_metric = true;
     else if (a == "--key-metric") o.key_metric = true;
     else if (a == "--append") o.append = whole_number(a, next());
@@ -334,9 +336,9 @@ int main(int argc, char** argv) try {
     const double kv0 = static_cast<double>(dump.n * (dump.d + dump.dv) * dump.element_bytes()) / 100.0;
     const mog_memory& m = memory[0];
     std::printf("index of KV head 0: %zu clusters, %zu subclusters, %zu outliers; %% of KV bytes: cluster summaries %.2f, "
-                "subcluster summaries %.2f, positions %.2f, offsets %.2f, cross-covariance %.2f, metric %.2f, total %.2f\n",
+                "subcluster summaries %.2f, positions %.2f, offsets %.2f, cross-covariance %.2f, metric %.2f, probes %.2f, total %.2f\n",
                 shape[0], shape[1], shape[2], m.cluster_summaries / kv0, m.subcluster_summaries / kv0, m.positions / kv0,
-                m.offsets / kv0, m.cross_covariance / kv0, m.metric / kv0, m.total() / kv0);
+                m.offsets / kv0, m.cross_covariance / kv0, m.metric / kv0, m.probes / kv0, m.total() / kv0);
   }
   std::printf("%-18s %7s %9s %10s %8s %8s %8s %8s\n", "method", "budget", "keys_read", "bytes_read", "err_p50", "err_p90",
               "err_p99", "err_max");

@@ -78,19 +78,19 @@ TEST_CASE("mog: a partial budget reads at most its tokens, and every other token
   }
   REQUIRE(std::all_of(cover.begin(), cover.end(), [](int c) { return c == 1; }));
 
-  // The hints' log-masses are the Gaussian formula, for every head.
+  // The hints' log-masses are the Gaussian formula (variance term times its fitted factor), for every head.
   const index_t groups = out.residual_groups.size();
   REQUIRE(out.residual_log_mass.size() == 4 * groups);
   for (index_t h = 0; h < 4; ++h)
     for (index_t j = 0; j < groups; j += 7) {
       const auto gid = out.residual_groups[j];
-      const double want = gaussian_log_mass(std::log(static_cast<double>(idx.count(gid))), idx.mean(gid).data(),
-                                            idx.variance(gid).data(), q.row(h), 32, q.scale);
+      const double want = floe::testing::fitted_log_mass(idx, gid, q.row(h), 32, q.scale);
       REQUIRE(out.residual_log_mass[h * groups + j] == Approx(want).margin(1e-4 * (1 + std::abs(want))));
     }
 }
 
-// variance_scale c multiplies the variance term of the hints: log n + s q.mu + c s^2/2 sum q^2 var.
+// variance_scale c multiplies the variance term of the hints: log n + s q.mu + c f_g s^2/2 sum q^2 var
+// (f_g: the group's fitted factor).
 TEST_CASE("mog: variance_scale tempers the variance term of every estimate; bad values are refused", "[mog]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(721);
@@ -101,7 +101,6 @@ TEST_CASE("mog: variance_scale tempers the variance term of every estimate; bad 
   const auto idx = sel.build(view);
   const auto qd = floe::testing::random_floats(g, 4 * 32, 1.f);
   const auto q = query_group::make(qd.data(), 4, 32);
-  const std::vector<float> no_variance(32, 0.f);
   for (double c : {0.5, 0.0}) {
     sel.variance_scale = c;
     select::mog_clusters::selection out;
@@ -111,11 +110,7 @@ TEST_CASE("mog: variance_scale tempers the variance term of every estimate; bad 
     REQUIRE(groups > 0);
     for (index_t h = 0; h < 4; ++h)
       for (index_t j = 0; j < groups; j += 5) {
-        const auto gid = out.residual_groups[j];
-        const double log_n = std::log(static_cast<double>(idx.count(gid)));
-        const double full = gaussian_log_mass(log_n, idx.mean(gid).data(), idx.variance(gid).data(), q.row(h), 32, q.scale);
-        const double mean_only = gaussian_log_mass(log_n, idx.mean(gid).data(), no_variance.data(), q.row(h), 32, q.scale);
-        const double want = mean_only + c * (full - mean_only);
+        const double want = floe::testing::fitted_log_mass(idx, out.residual_groups[j], q.row(h), 32, q.scale, c);
         REQUIRE(out.residual_log_mass[h * groups + j] == Approx(want).margin(1e-4 * (1 + std::abs(want))));
       }
   }
@@ -206,7 +201,7 @@ TEST_CASE("mog: a budget below one subcluster reads nothing and estimates everyt
   for (index_t h = 0; h < 2; ++h) {
     std::vector<double> lam;
     for (auto gid : sel.residual_groups)
-      lam.push_back(gaussian_log_mass(std::log(double(idx.count(gid))), idx.mean(gid).data(), idx.variance(gid).data(), q.row(h), 16, q.scale));
+      lam.push_back(floe::testing::fitted_log_mass(idx, gid, q.row(h), 16, q.scale));
     const double top = *std::max_element(lam.begin(), lam.end());
     std::vector<double> num(8, 0.0);
     double den = 0;

@@ -278,6 +278,38 @@ TEST_CASE("mog_index: the band test's tail conversions invert each other", "[mog
   CHECK(detail::band_deviation(z2.data(), 16, 4) < detail::chi_square_at_z(detail::chi_square_z(40.0, 4.0), 16.0));
 }
 
+// The variance fit on one cluster of 4000 keys, d = 16, probes at scale 1/4. Gaussian
+// deviations (sd 1 around 2 in every dimension; a variance term of about 2 nats) keep a
+// factor near 1; two-point deviations (8 +- 1: log cosh against the Gaussian's a^2/2 at
+// a ~ 2 per dimension) have much lighter tails and get a factor well below 1. Off: 1.
+// Over 6 seeds: Gaussian 0.94-1, two-point 0.53-0.73.
+TEST_CASE("mog_index: the fitted variance factor is near 1 for Gaussian keys and below it for light tails", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(710);
+  const index_t n = 4000, d = 16;
+  random_kv<float> kv(g, n, d, 4);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::bernoulli_distribution coin(0.5);
+  mog_config cfg;
+  cfg.clusters = 1;
+  cfg.subclusters = 1;
+  cfg.outlier_fraction = 0.0;
+  const auto fit_of = [&](const mog_config& c) { return mog_index::build(kv.view(), c).variance_fits()[0]; };
+  for (index_t i = 0; i < n * d; ++i) kv.keys[i] = 2.f + normal(g);
+  const float gaussian = fit_of(cfg);
+  for (index_t i = 0; i < n * d; ++i) kv.keys[i] = coin(g) ? 9.f : 7.f;
+  const float two_point = fit_of(cfg);
+  mog_config off = cfg;
+  off.variance_fit_probes = 0;
+  const float unfitted = fit_of(off);
+  INFO("fitted factor: Gaussian keys " << gaussian << ", two-point keys " << two_point << ", fit off " << unfitted);
+  CHECK(gaussian > 0.85f);
+  CHECK(gaussian <= 1.f);
+  CHECK(two_point < 0.82f);
+  CHECK(two_point >= 0.f);
+  CHECK(unfitted == 1.f);
+}
+
 TEST_CASE("mog_index: the recent window stays out of the clusters", "[mog]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(706);

@@ -43,6 +43,15 @@ void make_clustered(random_kv<T>& kv, std::mt19937_64& g, index_t topics, float 
   }
 }
 
+// Group gid's estimated log-mass for a query row: the Gaussian formula with the variance term
+// times the index's fitted factor (mog_config::variance_fit_probes) and times `tempering`.
+inline double fitted_log_mass(const mog_index& idx, std::uint32_t gid, const float* q, index_t d, double scale,
+                              double tempering = 1.0) {
+  std::vector<float> var = idx.variance(gid);
+  for (float& v : var) v *= static_cast<float>(tempering) * idx.variance_fits()[gid];
+  return gaussian_log_mass(std::log(static_cast<double>(idx.count(gid))), idx.mean(gid).data(), var.data(), q, d, scale);
+}
+
 // Dense attention on the scalar reference, double output: [heads, dv].
 template <KvView KV>
 std::vector<double> dense_reference(const KV& kv, const query_group& q) {

@@ -55,6 +55,13 @@ struct mog_config {
   // 0: off. Not applied with a query-sample metric (its dimensions are not RoPE pairs).
   // 8 measured best of 4 / 8 / 16 on the synthetic cache (docs/methods/mog.md, "Outliers by band").
   index_t outlier_bands = 8;
+  // Each group's variance term is multiplied by a factor fitted at build: the least-squares
+  // ratio, over this many probe queries (keys of the cache spread evenly over it, at the
+  // default scale 1/sqrt(d)), of the group's true log-mass above exp(s q.mu) to the Gaussian's
+  // s^2/2 sum q_t^2 var_t, clamped to [0, 1]. Real keys have lighter tails than a Gaussian
+  // in the directions queries score them by (docs/methods/mog.md, "Fitted variance term").
+  // 0: off (the Gaussian's term as is).
+  index_t variance_fit_probes = 64;
   bool cross_covariance = false;  // keep Cov(v, k) per cluster: dv x d floats each
   std::uint64_t seed = 0x6d6f67;
   // Optional sample of queries (rows of d floats, e.g. the last prefill queries of the GQA
@@ -122,6 +129,12 @@ inline double band_deviation(const double* z2, index_t d, index_t bands, double 
   return chi_square_at_z(z, static_cast<double>(d));
 }
 
+// log(e^a + e^b), either may be -inf.
+inline double log_add(double a, double b) {
+  if (a < b) std::swap(a, b);
+  return a == -std::numeric_limits<double>::infinity() ? a : a + std::log1p(std::exp(b - a));
+}
+
 // fp16 bits to float without branches (so that decoding loops vectorise); finite values only.
 inline float half_bits_to_float(std::uint16_t h) {
   const float magnitude = bits_float(static_cast<std::uint32_t>(h & 0x7fffu) << 13) * 0x1p112f;
@@ -146,14 +159,15 @@ inline void decode_halves(const half* x, float scale, index_t n, float* out) {
 
 // Index memory by part (bytes).
 struct mog_memory {
-  std::uint64_t cluster_summaries = 0;     // per cluster: fp16 mean, variance, value mean; 3 scales, count, log count
+  std::uint64_t cluster_summaries = 0;     // per cluster: fp16 mean, variance, value mean; 3 scales, count, log count, variance fit
   std::uint64_t subcluster_summaries = 0;  // the same per subcluster
   std::uint64_t positions = 0;             // member positions (4 bytes per clustered token) and exact outliers
   std::uint64_t offsets = 0;               // CSR offsets of subclusters and members
   std::uint64_t cross_covariance = 0;      // optional, float [clusters, dv, d]
   std::uint64_t metric = 0;                // optional query metric, float [d, d]
+  std::uint64_t probes = 0;                // the variance fit's probe queries, float [probes, d] (kept for append)
   std::uint64_t total() const {
-    return cluster_summaries + subcluster_summaries + positions + offsets + cross_covariance + metric;
+    return cluster_summaries + subcluster_summaries + positions + offsets + cross_covariance + metric + probes;
   }
 };
 
@@ -225,6 +239,8 @@ class mog_index {
   std::vector<float> variance(index_t g) const { return decoded(g, 1, d_); }
   std::vector<float> value_mean(index_t g) const { return decoded(g, 2, dv_); }
   const float* log_counts() const { return log_counts_.data(); }
+  // The factor of group g's variance term in its mass estimate (mog_config::variance_fit_probes).
+  const float* variance_fits() const { return variance_fit_.data(); }
   std::uint32_t count(index_t g) const { return counts_[g]; }
   bool has_cross_covariance() const { return !cross_cov_.empty(); }
   const float* cross_covariance(index_t c) const { return cross_cov_.data() + c * dv_ * d_; }  // [dv, d] row-major
@@ -261,13 +277,14 @@ class mog_index {
 
   mog_memory memory() const {
     mog_memory m;
-    const std::uint64_t per_group = row_width() * sizeof(half) + 3 * sizeof(float) + sizeof(float) + sizeof(std::uint32_t);
+    const std::uint64_t per_group = row_width() * sizeof(half) + 3 * sizeof(float) + 2 * sizeof(float) + sizeof(std::uint32_t);
     m.cluster_summaries = clusters_ * per_group;
     m.subcluster_summaries = subclusters_ * per_group;
     m.positions = sizeof(std::uint32_t) * (members_.size() + outliers_.size());
     m.offsets = sizeof(std::uint32_t) * (sub_begin_.size() + member_begin_.size());
     m.cross_covariance = sizeof(float) * cross_cov_.size();
     m.metric = sizeof(float) * static_cast<std::uint64_t>(metric_.size());
+    m.probes = sizeof(float) * static_cast<std::uint64_t>(probes_.size());
     return m;
   }
   std::uint64_t bytes() const { return memory().total(); }
@@ -315,6 +332,7 @@ class mog_index {
       for (auto p : outliers) outliers_.push_back(static_cast<std::uint32_t>(p + sinks_));
     }
     n_ = n;
+    choose_probes(keys);
     clear_summaries();
     regroup(0, 0, 0);
     compute_moments(kv, clusters_from(0), parallel_for);
@@ -525,6 +543,7 @@ class mog_index {
     scales_.clear();
     counts_.clear();
     log_counts_.clear();
+    variance_fit_.clear();
     cross_cov_.clear();
   }
   std::vector<index_t> clusters_from(index_t c_first) const {
@@ -537,6 +556,42 @@ class mog_index {
     std::vector<float> out(width);
     detail::decode_halves(summary_.data() + g * row_width() + part * d_, scales_[3 * g + part], width, out.data());
     return out;
+  }
+
+  // Probe queries for the variance fit: keys of the clustered middle spread evenly over it
+  // (every topic of a long context gets some), times the default query scale 1/sqrt(d).
+  void choose_probes(const row_matrix& keys) {
+    const index_t first = sinks_, span = n_ > sinks_ ? n_ - sinks_ : 0;
+    const index_t count = span > 0 ? std::min(cfg_.variance_fit_probes, span) : 0;
+    probes_.resize(static_cast<Eigen::Index>(count), static_cast<Eigen::Index>(d_));
+    const float scale = 1.f / std::sqrt(static_cast<float>(d_));
+    for (index_t p = 0; p < count; ++p)
+      probes_.row(static_cast<Eigen::Index>(p)) = keys.row(static_cast<Eigen::Index>(first + (2 * p + 1) * span / (2 * count))) * scale;
+  }
+  // log sum_i exp(probe . k_i) of the given keys, for every probe.
+  Eigen::VectorXd probe_log_masses(const row_matrix& rows) const {
+    const Eigen::MatrixXf scores = rows * probes_.transpose();  // [rows, probes]
+    Eigen::VectorXd out(probes_.rows());
+    for (Eigen::Index p = 0; p < scores.cols(); ++p) {
+      const double top = scores.col(p).maxCoeff();
+      out[p] = top + std::log((scores.col(p).cast<double>().array() - top).exp().sum());
+    }
+    return out;
+  }
+  // The factor c minimising sum_p (true - c * gaussian)^2 over the probes, where true is the
+  // group's log-mass above log n + probe.mu and gaussian its variance term; in [0, 1].
+  double fit_variance(const Eigen::VectorXd& log_mass, index_t count, const Eigen::VectorXd& mean,
+                      const Eigen::VectorXd& m2) const {
+    double num = 0.0, den = 0.0;
+    const Eigen::ArrayXd var = m2.array() / static_cast<double>(count);
+    for (Eigen::Index p = 0; p < log_mass.size(); ++p) {
+      const Eigen::ArrayXd q = probes_.row(p).transpose().cast<double>().array();
+      const double above = log_mass[p] - std::log(static_cast<double>(count)) - (q * mean.array()).sum();
+      const double gaussian = 0.5 * (q.square() * var).sum();
+      num += above * gaussian;
+      den += gaussian * gaussian;
+    }
+    return den > 0.0 ? std::clamp(num / den, 0.0, 1.0) : 1.0;
   }
 
   // Exact moments (two passes in double, from the cache) of the listed clusters and their
@@ -554,6 +609,9 @@ class mog_index {
       };
       index_t total = 0;
       std::vector<std::pair<index_t, Eigen::VectorXd>> sub_means;
+      const auto probes = probes_.rows();
+      Eigen::VectorXd c_log_mass = Eigen::VectorXd::Constant(probes, -std::numeric_limits<double>::infinity());
+      row_matrix rows_read;  // the subcluster's keys, for the probes' scores
       for (index_t s = sub_begin_[c]; s < sub_begin_[c + 1]; ++s) {
         const auto rows = members(s);
         Eigen::VectorXd mean = Eigen::VectorXd::Zero(d), m2 = Eigen::VectorXd::Zero(d), vsum = Eigen::VectorXd::Zero(dv);
@@ -562,13 +620,21 @@ class mog_index {
           mean += key;
         }
         mean /= static_cast<double>(rows.size());
-        for (auto i : rows) {
+        if (probes) rows_read.resize(static_cast<Eigen::Index>(rows.size()), d);
+        for (index_t j = 0; j < rows.size(); ++j) {
+          const auto i = rows[j];
           read_key(i);
+          if (probes) rows_read.row(static_cast<Eigen::Index>(j)) = key.cast<float>().transpose();
           m2 += (key - mean).array().square().matrix();
           const auto* v = kv.value_row(i);
           for (Eigen::Index t = 0; t < dv; ++t) vsum[t] += to_float(v[t]);
         }
-        set_group(clusters_ + s, rows.size(), mean, m2, vsum);
+        Eigen::VectorXd log_mass(probes);
+        if (probes) {
+          log_mass = probe_log_masses(rows_read);
+          for (Eigen::Index p = 0; p < probes; ++p) c_log_mass[p] = detail::log_add(c_log_mass[p], log_mass[p]);
+        }
+        set_group(clusters_ + s, rows.size(), mean, m2, vsum, fit_variance(log_mass, rows.size(), mean, m2));
         c_m2 += m2;
         c_vsum += vsum;
         c_mean += static_cast<double>(rows.size()) * mean;
@@ -578,7 +644,7 @@ class mog_index {
       c_mean /= static_cast<double>(total);
       // Pooled second moment: within-subcluster spread plus the spread of subcluster means.
       for (const auto& [count, mean] : sub_means) c_m2 += static_cast<double>(count) * (mean - c_mean).array().square().matrix();
-      set_group(c, total, c_mean, c_m2, c_vsum);
+      set_group(c, total, c_mean, c_m2, c_vsum, fit_variance(c_log_mass, total, c_mean, c_m2));
       if (!cfg_.cross_covariance) return;
       const Eigen::VectorXd nu = c_vsum / static_cast<double>(total);
       Eigen::MatrixXd kc(static_cast<Eigen::Index>(total), d), vc(static_cast<Eigen::Index>(total), dv);
@@ -612,13 +678,15 @@ class mog_index {
     grow(summary_, row_width());
     grow(scales_, 3);
     grow(log_counts_, 1);
+    grow(variance_fit_, 1);
     grow(counts_, 1);
     if (cfg_.cross_covariance) cross_cov_.resize(clusters_ * dv_ * d_, 0.f);  // rows of kept clusters stay
   }
 
   void set_group(index_t g, index_t count, const Eigen::VectorXd& mean, const Eigen::VectorXd& m2,
-                 const Eigen::VectorXd& value_sum) {
+                 const Eigen::VectorXd& value_sum, double variance_fit) {
     counts_[g] = static_cast<std::uint32_t>(count);
+    variance_fit_[g] = static_cast<float>(variance_fit);
     log_counts_[g] = static_cast<float>(std::log(static_cast<double>(count)));
     half* row = summary_.data() + g * row_width();
     const Eigen::VectorXd var = m2 / static_cast<double>(count), nu = value_sum / static_cast<double>(count);
@@ -920,6 +988,8 @@ class mog_index {
   std::vector<std::uint32_t> members_;    // [clustered tokens] positions, subcluster by subcluster
   std::vector<std::uint32_t> outliers_;   // positions of exact outlier tokens, increasing
   std::vector<float> cross_cov_;          // [clusters, dv, d] when configured
+  std::vector<float> variance_fit_;       // [groups]: factor of the variance term (1: the Gaussian's)
+  row_matrix probes_;                     // [variance_fit_probes, d]: probe queries, scale included
   row_matrix metric_;                     // [d, d] L of the query metric, empty for Euclidean
   index_t n_at_build_ = 0, appended_ = 0, joined_ = 0, built_clusters_ = 0, built_subclusters_ = 0;
   index_t segment_size_ = 0;  // appended tokens at the last re-partition of the appended segment

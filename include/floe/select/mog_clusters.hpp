@@ -271,14 +271,15 @@ struct mog_clusters {
         if (j + rows_ahead < subs.size()) idx_.prefetch_moments(first_sub_group + subs[j + rows_ahead]);
         const index_t g = first_sub_group + subs[j];
         idx_.decode_moments(g, row_.data());
+        if (const float fit = idx_.variance_fits()[g]; fit != 1.f) row_.tail(row_.size() / 2) *= fit;
         const auto r = static_cast<Eigen::Index>(j);
         for (Eigen::Index c = 0; c < w_.cols(); ++c) p(r, c) = row_.dot(w_.col(c)) + idx_.log_counts()[g];
       }
       return finish(std::move(p));
     }
 
-    // Summary bytes read to score `count` groups: fp16 mean and variance, their two scales, log count.
-    std::uint64_t bytes(index_t count) const { return count * (2 * idx_.d() * sizeof(half) + 3 * sizeof(float)); }
+    // Summary bytes read to score `count` groups: fp16 mean and variance, their two scales, log count, variance fit.
+    std::uint64_t bytes(index_t count) const { return count * (2 * idx_.d() * sizeof(half) + 4 * sizeof(float)); }
 
    private:
     scores finish(Eigen::MatrixXf p) const {
