@@ -271,7 +271,7 @@ struct mog_clusters {
         if (j + rows_ahead < subs.size()) idx_.prefetch_moments(first_sub_group + subs[j + rows_ahead]);
         const index_t g = first_sub_group + subs[j];
         idx_.decode_moments(g, row_.data());
-        if (const float fit = idx_.variance_fits()[g]; fit != 1.f) row_.tail(row_.size() / 2) *= fit;
+        if (const float fit = idx_.variance_fits()[g]; fit != 1.f) row_.tail(row_.size() / 2) *= fit;  // its factor
         const auto r = static_cast<Eigen::Index>(j);
         for (Eigen::Index c = 0; c < w_.cols(); ++c) p(r, c) = row_.dot(w_.col(c)) + idx_.log_counts()[g];
       }
