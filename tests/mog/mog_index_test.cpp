@@ -282,7 +282,7 @@ TEST_CASE("mog_index: the band test's tail conversions invert each other", "[mog
 // deviations (sd 1 around 2 in every dimension; a variance term of about 2 nats) keep a
 // factor near 1; two-point deviations (8 +- 1: log cosh against the Gaussian's a^2/2 at
 // a ~ 2 per dimension) have much lighter tails and get a factor well below 1. Off: 1.
-// Over 6 seeds: Gaussian 0.94-1, two-point 0.53-0.73.
+// A query sample, where given, provides the probes. Over 6 seeds: Gaussian 0.94-1, two-point 0.53-0.73.
 TEST_CASE("mog_index: the fitted variance factor is near 1 for Gaussian keys and below it for light tails", "[mog]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(710);
@@ -308,6 +308,12 @@ TEST_CASE("mog_index: the fitted variance factor is near 1 for Gaussian keys and
   CHECK(two_point < 0.82f);
   CHECK(two_point >= 0.f);
   CHECK(unfitted == 1.f);
+  // With a query sample the probes are its rows (at most variance_fit_probes of them).
+  mog_config with_queries = cfg;
+  with_queries.query_sample = floe::testing::random_floats(g, 10 * d, 1.f);
+  CHECK(mog_index::build(kv.view(), with_queries).memory().probes == 10 * d * sizeof(float));
+  CHECK(mog_index::build(kv.view(), cfg).memory().probes == 64 * d * sizeof(float));
+  CHECK(mog_index::build(kv.view(), off).memory().probes == 0);
 }
 
 TEST_CASE("mog_index: the recent window stays out of the clusters", "[mog]") {

@@ -56,8 +56,8 @@ struct mog_config {
   // 8 measured best of 4 / 8 / 16 on the synthetic cache (docs/methods/mog.md, "Outliers by band").
   index_t outlier_bands = 8;
   // Each group's variance term is multiplied by a factor fitted at build: the least-squares
-  // ratio, over this many probe queries (keys of the cache spread evenly over it, at the
-  // default scale 1/sqrt(d)), of the group's true log-mass above exp(s q.mu) to the Gaussian's
+  // ratio, over this many probe queries (rows of query_sample if given, else keys of the cache
+  // spread evenly over it; at the default scale 1/sqrt(d)), of the group's true log-mass above exp(s q.mu) to the Gaussian's
   // s^2/2 sum q_t^2 var_t, clamped to [0, 1]. Real keys have lighter tails than a Gaussian
   // in the directions queries score them by (docs/methods/mog.md, "Fitted variance term").
   // 0: off (the Gaussian's term as is).
@@ -558,15 +558,23 @@ class mog_index {
     return out;
   }
 
-  // Probe queries for the variance fit: keys of the clustered middle spread evenly over it
-  // (every topic of a long context gets some), times the default query scale 1/sqrt(d).
+  // Probe queries for the variance fit, times the default query scale 1/sqrt(d): rows of the
+  // query sample when the engine gives one, else keys of the clustered middle; either spread
+  // evenly (every topic of a long context gets some).
   void choose_probes(const row_matrix& keys) {
-    const index_t first = sinks_, span = n_ > sinks_ ? n_ - sinks_ : 0;
-    const index_t count = span > 0 ? std::min(cfg_.variance_fit_probes, span) : 0;
+    const bool queries = !cfg_.query_sample.empty();
+    const index_t first = queries ? 0 : sinks_;
+    const index_t span = queries ? cfg_.query_sample.size() / d_ : (n_ > sinks_ ? n_ - sinks_ : 0);
+    const index_t count = span > 0 && n_ > sinks_ ? std::min(cfg_.variance_fit_probes, span) : 0;
     probes_.resize(static_cast<Eigen::Index>(count), static_cast<Eigen::Index>(d_));
     const float scale = 1.f / std::sqrt(static_cast<float>(d_));
-    for (index_t p = 0; p < count; ++p)
-      probes_.row(static_cast<Eigen::Index>(p)) = keys.row(static_cast<Eigen::Index>(first + (2 * p + 1) * span / (2 * count))) * scale;
+    for (index_t p = 0; p < count; ++p) {
+      const index_t row = first + (2 * p + 1) * span / (2 * count);
+      if (queries)
+        for (index_t t = 0; t < d_; ++t) probes_(static_cast<Eigen::Index>(p), static_cast<Eigen::Index>(t)) = cfg_.query_sample[row * d_ + t] * scale;
+      else
+        probes_.row(static_cast<Eigen::Index>(p)) = keys.row(static_cast<Eigen::Index>(row)) * scale;
+    }
   }
   // log sum_i exp(probe . k_i) of the given keys, for every probe.
   Eigen::VectorXd probe_log_masses(const row_matrix& rows) const {
