@@ -56,11 +56,11 @@ struct mog_config {
   // 8 measured best of 4 / 8 / 16 on the synthetic cache (docs/methods/mog.md, "Outliers by band").
   index_t outlier_bands = 8;
   // Each group's variance term is multiplied by a factor fitted at build: the least-squares
-  // ratio, over this many probe queries (rows of query_sample if given, else keys of the cache
-  // spread evenly over it; at the default scale 1/sqrt(d)), of the group's true log-mass above exp(s q.mu) to the Gaussian's
-  // s^2/2 sum q_t^2 var_t, clamped to [0, 1]. Real keys have lighter tails than a Gaussian
-  // in the directions queries score them by (docs/methods/mog.md, "Fitted variance term").
-  // 0: off (the Gaussian's term as is).
+  // ratio, over this many probe queries (rows of query_sample if given, else keys of the
+  // cache spread evenly over it; at the default scale 1/sqrt(d)), of the group's true
+  // log-mass above log n + s q.mu to the Gaussian's s^2/2 sum q_t^2 var_t, clamped to [0, 1].
+  // Real keys have lighter tails than a Gaussian in the directions queries score them by
+  // (docs/methods/mog.md, "Fitted variance term"). 0: off (the Gaussian's term as is).
   index_t variance_fit_probes = 64;
   bool cross_covariance = false;  // keep Cov(v, k) per cluster: dv x d floats each
   std::uint64_t seed = 0x6d6f67;

@@ -1,5 +1,6 @@
 // Residual `gaussian_moments`: each uncovered group g (n_g keys ~ N(mu_g, diag var_g), value
-// mean nu_g) contributes D_g = n_g exp(s q.mu_g + s^2/2 sum q_t^2 var_g,t) and N_g = D_g nu_g,
+// mean nu_g) contributes D_g = n_g exp(s q.mu_g + f_g s^2/2 sum q_t^2 var_g,t) and N_g = D_g nu_g
+// (f_g: the group's fitted factor, mog_config::variance_fit_probes; 1 is the Gaussian's mgf),
 // optionally N_g = D_g (nu_g + s C_g q) with the value-key covariance C_g. The estimates are
 // merged in the log domain as the partial (log D, 1, N / D). docs/methods/mog.md.
 #pragma once

@@ -33,17 +33,17 @@ struct mog_clusters {
     const mog_index* source = nullptr;           // residual_groups are groups of this index
     index_t heads = 0;
     std::vector<std::uint32_t> residual_groups;  // unrefined clusters and unchosen subclusters
-    std::vector<float> residual_log_mass;        // [heads, residual_groups]: log(n_g E[exp(s q.k)])
+    std::vector<float> residual_log_mass;        // [heads, residual_groups]: log(n_g E[exp(s q.k)]), variance term x f_g
   };
 
   mog_config config{};
   budget limit = budget::fraction(0.05);
   double refine = 2.0;    // refined clusters hold about this many times the exact-token budget
   double optimism = 1.0;  // priorities use this multiple of the score variance (1: the plain estimate)
-  // Multiplies the variance term of every estimate (and priority): 1 is the Gaussian's
-  // exp(s^2/2 sum q_t^2 var_t). Below 1 tempers it for groups whose scores have lighter tails
-  // than a Gaussian: on the SmolLM2 dumps 0.5 halves p90 at 5-10 %, on the Gaussian-built
-  // synthetic cache it doubles it (docs/methods/mog.md, "Tempering the variance term").
+  // Multiplies the variance term of every estimate (and priority), on top of each group's
+  // fitted factor: 1 keeps it. Measured before that fit existed: 0.5 cut p90 at 5-10 % by up to half on
+  // the SmolLM2 dumps and doubled it on the Gaussian-built synthetic cache (docs/methods/mog.md,
+  // "Tempering the variance term"); the fit does this per group.
   double variance_scale = 1.0;
   bool maximin = false;   // GQA: rank groups by the largest estimated share of any head; true: heads take turns (maximin)
 
@@ -233,8 +233,8 @@ struct mog_clusters {
     }
   };
 
-  // lam = log n_g + [mean | var] . [s q | c s^2 q^2 / 2] (c = variance_scale); pri the same with `optimism` x the
-  // variance term. Each group's fp16 row is decoded into one L1 row, then dotted with every
+  // lam = log n_g + [mean | f_g var] . [s q | c s^2 q^2 / 2] (c = variance_scale, f_g the group's
+  // fitted factor); pri the same with `optimism` x the variance term. Each group's fp16 row is decoded into one L1 row, then dotted with every
   // head's column (a block of decoded rows was 64 KiB of scratch written cold every step).
   class group_scorer {
    public:
