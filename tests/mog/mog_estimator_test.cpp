@@ -42,6 +42,23 @@ void full_budget_equals_dense(std::uint64_t salt) {
   }
 }
 
+// A clustered float cache of 3000 tokens (d 32, dv 16), a 5 % MoG selector, its index and
+// a GQA-4 query; q points into qd, so the case stays where it was built.
+struct clustered_case {
+  std::mt19937_64 g;
+  random_kv<float> kv;
+  select::mog_clusters sel = floe::testing::mog_selector(budget::fraction(0.05));
+  mog_index idx;
+  std::vector<float> qd;
+  query_group q;
+  explicit clustered_case(std::uint64_t salt)
+      : g(floe::testing::rng(salt)), kv(g, 3000, 32, 16),
+        idx((floe::testing::make_clustered(kv, g, 20), sel.build(kv.view()))),
+        qd(floe::testing::random_floats(g, 4 * 32, 1.f)), q(query_group::make(qd.data(), 4, 32)) {}
+  clustered_case(const clustered_case&) = delete;
+  clustered_case& operator=(const clustered_case&) = delete;
+};
+
 }  // namespace
 
 TEST_CASE("mog: full budget equals dense (float)", "[mog]") { full_budget_equals_dense<float>(711); }
@@ -50,14 +67,11 @@ TEST_CASE("mog: full budget equals dense (bfloat16)", "[mog]") { full_budget_equ
 
 TEST_CASE("mog: a partial budget reads at most its tokens, and every other token is estimated once", "[mog]") {
   INFO("seed " << floe::testing::seed());
-  auto g = floe::testing::rng(714);
-  random_kv<float> kv(g, 3000, 32, 16);
-  floe::testing::make_clustered(kv, g, 20);
-  const auto view = kv.view();
-  const auto sel = floe::testing::mog_selector(budget::fraction(0.05));
-  const auto idx = sel.build(view);
-  const auto qd = floe::testing::random_floats(g, 4 * 32, 1.f);
-  const auto q = query_group::make(qd.data(), 4, 32);
+  const clustered_case c(714);
+  const auto view = c.kv.view();
+  const auto& sel = c.sel;
+  const auto& idx = c.idx;
+  const auto& q = c.q;
   select::mog_clusters::selection out;
   stats s;
   sel.select(idx, view, q, exec::scalar{}, out, s);
@@ -93,14 +107,11 @@ TEST_CASE("mog: a partial budget reads at most its tokens, and every other token
 // (f_g: the group's fitted factor).
 TEST_CASE("mog: variance_scale tempers the variance term of every estimate; bad values are refused", "[mog]") {
   INFO("seed " << floe::testing::seed());
-  auto g = floe::testing::rng(721);
-  random_kv<float> kv(g, 3000, 32, 16);
-  floe::testing::make_clustered(kv, g, 20);
-  const auto view = kv.view();
-  auto sel = floe::testing::mog_selector(budget::fraction(0.05));
-  const auto idx = sel.build(view);
-  const auto qd = floe::testing::random_floats(g, 4 * 32, 1.f);
-  const auto q = query_group::make(qd.data(), 4, 32);
+  clustered_case c(721);
+  const auto view = c.kv.view();
+  auto& sel = c.sel;
+  const auto& idx = c.idx;
+  const auto& q = c.q;
   for (double c : {0.5, 0.0}) {
     sel.variance_scale = c;
     select::mog_clusters::selection out;
