@@ -41,9 +41,9 @@ struct mog_clusters {
   double refine = 2.0;    // refined clusters hold about this many times the exact-token budget
   double optimism = 1.0;  // priorities use this multiple of the score variance (1: the plain estimate)
   // Multiplies the variance term of every estimate (and priority), on top of each group's
-  // fitted factor: 1 keeps it. Measured before that fit existed: 0.5 cut p90 at 5-10 % by up to half on
-  // the SmolLM2 dumps and doubled it on the Gaussian-built synthetic cache (docs/methods/mog.md,
-  // "Tempering the variance term"); the fit does this per group.
+  // fitted factor: 1 keeps it. Measured before that fit existed: 0.5 cut p90 at 5-10 % by up
+  // to half on the SmolLM2 dumps and doubled it on the Gaussian-built synthetic cache
+  // (docs/methods/mog.md, "Tempering the variance term"); the fit does this per group.
   double variance_scale = 1.0;
   bool maximin = false;   // GQA: rank groups by the largest estimated share of any head; true: heads take turns (maximin)
 
@@ -233,9 +233,10 @@ struct mog_clusters {
     }
   };
 
-  // lam = log n_g + [mean | f_g var] . [s q | c s^2 q^2 / 2] (c = variance_scale, f_g the group's
-  // fitted factor); pri the same with `optimism` x the variance term. Each group's fp16 row is decoded into one L1 row, then dotted with every
-  // head's column (a block of decoded rows was 64 KiB of scratch written cold every step).
+  // lam = log n_g + [mean | f_g var] . [s q | c s^2 q^2 / 2] (c = variance_scale, f_g the
+  // group's fitted factor); pri the same with `optimism` x the variance term. Each group's
+  // fp16 row is decoded into one L1 row, then dotted with every head's column (a block of
+  // decoded rows was 64 KiB of scratch written cold every step).
   class group_scorer {
    public:
     group_scorer(const mog_index& idx, const query_group& q, double optimism, double variance_scale)
@@ -316,12 +317,10 @@ struct mog_clusters {
   static bool add_whole_runs(const mog_index& idx, const std::vector<std::uint32_t>& subs, floe::selection& out) {
     std::vector<token_range> runs;
     runs.reserve(subs.size() + 1);
-    auto run_of = [&](std::span<const std::uint32_t> m) {
-      if (m.empty()) return true;
-      if (m.back() < m.front() || m.back() - m.front() + 1 != m.size()) return false;  // O(1) reject of scattered lists
-      const auto [lo, hi] = std::minmax_element(m.begin(), m.end());
-      if (*hi - *lo + 1 != m.size()) return false;  // distinct positions: a run iff they span size()
-      runs.push_back({*lo, index_t{*hi} + 1});
+    auto run_of = [&](std::span<const std::uint32_t> m) {  // the index keeps every list increasing:
+      if (m.empty()) return true;                           // a run iff it spans size() positions
+      if (m.back() - m.front() + 1 != m.size()) return false;
+      runs.push_back({m.front(), index_t{m.back()} + 1});
       return true;
     };
     if (!run_of(idx.outliers())) return false;
