@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "floe/core/concepts.hpp"
 #include "mog/mog_support.hpp"
@@ -105,15 +106,15 @@ TEST_CASE("mog: a partial budget reads at most its tokens, and every other token
 
 // variance_scale c multiplies the variance term of the hints: log n + s q.mu + c f_g s^2/2 sum q^2 var
 // (f_g: the group's fitted factor).
-TEST_CASE("mog: variance_scale tempers the variance term of every estimate; bad values are refused", "[mog]") {
+TEST_CASE("mog: variance_scale tempers the variance term of every estimate; bad values (and bad optimism) are refused", "[mog]") {
   INFO("seed " << floe::testing::seed());
   clustered_case c(721);
   const auto view = c.kv.view();
   auto& sel = c.sel;
   const auto& idx = c.idx;
   const auto& q = c.q;
-  for (double c : {0.5, 0.0}) {
-    sel.variance_scale = c;
+  for (double scale : {0.5, 0.0}) {
+    sel.variance_scale = scale;
     select::mog_clusters::selection out;
     stats s;
     sel.select(idx, view, q, exec::scalar{}, out, s);
@@ -121,20 +122,28 @@ TEST_CASE("mog: variance_scale tempers the variance term of every estimate; bad 
     REQUIRE(groups > 0);
     for (index_t h = 0; h < 4; ++h)
       for (index_t j = 0; j < groups; j += 5) {
-        const double want = floe::testing::fitted_log_mass(idx, out.residual_groups[j], q.row(h), 32, q.scale, c);
+        const double want = floe::testing::fitted_log_mass(idx, out.residual_groups[j], q.row(h), 32, q.scale, scale);
         REQUIRE(out.residual_log_mass[h * groups + j] == Approx(want).margin(1e-4 * (1 + std::abs(want))));
       }
   }
-  for (double bad : {-0.5, std::nan("")}) {
-    sel.variance_scale = bad;
+  const auto refused = [&](const char* argument) {
     select::mog_clusters::selection out;
     stats s;
     try {
       sel.select(idx, view, q, exec::scalar{}, out, s);
-      FAIL("variance_scale " << bad << " accepted");
+      FAIL(argument << " accepted");
     } catch (const floe::invalid_argument& e) {
-      REQUIRE(e.argument() == "variance_scale");
+      REQUIRE(e.argument() == argument);
     }
+  };
+  for (double bad : {-0.5, std::nan("")}) {
+    sel.variance_scale = bad;
+    refused("variance_scale");
+  }
+  sel.variance_scale = 1.0;
+  for (double bad : {-1.0, std::numeric_limits<double>::infinity()}) {
+    sel.optimism = bad;
+    refused("optimism");
   }
 }
 
