@@ -148,8 +148,10 @@ TEST_CASE("feature_map completes the mass Top-K leaves out when attention is fla
   floe::estimator<topk_anchors<quantized_scan>, feature_map<positive_random>> completed(sel, {});
   const auto s1 = only.build(kv);
   const auto s2 = completed.build(kv);
-  double err_only = 0, err_completed = 0;
-  for (int t = 0; t < 4; ++t) {
+  // Per (query, head) errors; their medians, because the map's variance gives a rare
+  // query a large error and a mean over 64 would let one such draw decide the test.
+  std::vector<double> err_only, err_completed;
+  for (int t = 0; t < 16; ++t) {
     const auto qd = floe::testing::random_floats(g, heads * d, 0.5f);
     const auto q = floe::query_group::make(qd.data(), heads, d);
     const auto want = floe::testing::dense_output(kv, q);
@@ -157,14 +159,15 @@ TEST_CASE("feature_map completes the mass Top-K leaves out when attention is fla
     const auto o1 = floe::testing::decode_output(only, s1, kv, q, a);
     const auto o2 = floe::testing::decode_output(completed, s2, kv, q, b);
     for (index_t h = 0; h < heads; ++h) {
-      err_only += floe::testing::relative_l2(o1.data() + h * dv, want.data() + h * dv, dv);
-      err_completed += floe::testing::relative_l2(o2.data() + h * dv, want.data() + h * dv, dv);
+      err_only.push_back(floe::testing::relative_l2(o1.data() + h * dv, want.data() + h * dv, dv));
+      err_completed.push_back(floe::testing::relative_l2(o2.data() + h * dv, want.data() + h * dv, dv));
     }
     REQUIRE(a.key_bytes + a.value_bytes == b.key_bytes + b.value_bytes);  // no extra KV reads
     REQUIRE(b.summary_bytes == a.summary_bytes + s2.residual_index.bytes());
   }
-  INFO("mean relative L2 error: selection only " << err_only / 16 << ", with feature_map " << err_completed / 16);
-  REQUIRE(err_completed < 0.5 * err_only);
+  const double median_only = floe::testing::median(err_only), median_completed = floe::testing::median(err_completed);
+  INFO("median relative L2 error: selection only " << median_only << ", with feature_map " << median_completed);
+  REQUIRE(median_completed < 0.5 * median_only);
 }
 
 TEST_CASE("a query of another scale is rescaled to the map's own", "[feature_map]") {

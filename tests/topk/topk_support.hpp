@@ -2,6 +2,7 @@
 // a decode helper, and the argument a bad call names.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -39,6 +40,13 @@ inline double relative_l2(const double* got, const double* want, std::size_t n) 
     den += want[i] * want[i];
   }
   return std::sqrt(num / den);
+}
+
+// The median of a sample (the upper one of an even count); the sample is taken by value.
+inline double median(std::vector<double> x) {
+  const auto mid = x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2);
+  std::nth_element(x.begin(), mid, x.end());
+  return *mid;
 }
 
 // The largest relative L2 error over the heads of a group.
