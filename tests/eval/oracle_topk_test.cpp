@@ -93,7 +93,7 @@ TEMPLATE_TEST_CASE("oracle_topk: selects the k tokens of largest group weight an
     }
 }
 
-TEST_CASE("oracle_topk: at k = n it is dense; below, its stats count all keys and k values", "[eval][oracle]") {
+TEST_CASE("oracle_topk: at k = n it is dense, and below it its stats count all keys and k values", "[eval][oracle]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(12);
   const index_t n = 500, d = 32, dv = 16, heads = 4;

@@ -106,7 +106,7 @@ TEST_CASE("mog: a partial budget reads at most its tokens, and every other token
 
 // variance_scale c multiplies the variance term of the hints: log n + s q.mu + c f_g s^2/2 sum q^2 var
 // (f_g: the group's fitted factor).
-TEST_CASE("mog: variance_scale tempers the variance term of every estimate; bad values (and bad optimism) are refused", "[mog]") {
+TEST_CASE("mog: variance_scale tempers the variance term of every estimate, and bad values (and bad optimism) are refused", "[mog]") {
   INFO("seed " << floe::testing::seed());
   clustered_case c(721);
   const auto view = c.kv.view();

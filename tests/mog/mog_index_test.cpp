@@ -430,7 +430,7 @@ TEST_CASE("mog_index: appended tokens of a new topic form new clusters instead o
     REQUIRE(idx.count(idx.clusters() + s) <= std::max<index_t>(3 * largest_before, 3 * 2800 / idx.subclusters() + 1));
 }
 
-TEST_CASE("mog_index: appended tokens are re-partitioned among themselves; built clusters stay; a needle becomes exact", "[mog]") {
+TEST_CASE("mog_index: appended tokens are re-partitioned among themselves, built clusters stay, a needle becomes exact", "[mog]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(710);
   random_kv<float> kv(g, 4000, 32, 8);
