@@ -60,7 +60,7 @@ TEST_CASE("floe-eval: dense is exact and reads 100%, and oracle_topk at budget 1
     CHECK(r.entropy.size() == 4 * 3);
 
     const auto& dense = row(r, "dense", 1.0);
-    CHECK(dense.err_max <= 1e-6);
+    CHECK(dense.err_max <= 1e-5);  // fp32 accumulation against the double reference (issue 3: 1e-5); 1.1e-6 seen
     CHECK(dense.err_p50 <= dense.err_p90);
     CHECK(dense.err_p90 <= dense.err_p99);
     CHECK(dense.err_p99 <= dense.err_max);
@@ -70,10 +70,10 @@ TEST_CASE("floe-eval: dense is exact and reads 100%, and oracle_topk at budget 1
     CHECK(dense.us_per_query > 0);
 
     const auto& full = row(r, "oracle_topk", 1.0);
-    CHECK(full.err_max <= 1e-6);
+    CHECK(full.err_max <= 1e-5);
     CHECK(full.keys_read_frac == 1.0);
     CHECK(full.bytes_read_frac == 1.0);
-    CHECK(row(r, "streaming", 1.0).err_max <= 1e-6);
+    CHECK(row(r, "streaming", 1.0).err_max <= 1e-5);
 
     // Budget 0.05 of 2048 tokens: k = 103. The oracle scans all keys, streaming does not.
     const double k = 103, n = 2048;
