@@ -41,7 +41,7 @@ namespace {
 using namespace floe;
 
 struct options {
-  index_t synthetic = 32768, kv_heads = 8, threads = 2;
+  index_t synthetic = 32768, kv_heads = 8, threads = 2, seed = 1;
   std::string data, dtype = "f16";
   std::vector<double> budgets{0.01, 0.02, 0.03, 0.05};
   select::mog_clusters selector;
@@ -66,6 +66,7 @@ data
                          e.g. .cache/smollm/dumps/emma-8160/layer_08)
   --dtype f16|bf16|f32   element type of the synthetic cache (default f16)
   --kv-heads H           synthetic KV heads (default 8)
+  --seed S               seed of the synthetic cache (default 1: the cache the docs' figures use)
   --threads T            threads for building and scoring (default 2)
 budgets and selector
   --budgets B1,B2,...    exact-token fractions (default 0.01,0.02,0.03,0.05)
@@ -81,7 +82,8 @@ index
   --outlier-share B      else at most B x each budget's tokens (default 0.5)
   --outlier-sigma Z      outlier threshold d + Z sqrt(2d) (default 3)
   --outlier-directions P also test along P pooled principal deviation directions (default 0: off)
-  --outlier-bands B      also test each of B bands of RoPE pairs, rotate-half layout (default 8; 0: off)
+  --outlier-bands B      also test windows of d/2/B RoPE pairs, rotate-half layout (default 8; 0: off)
+  --outlier-clip P       passes of sigma clipping in each cluster's outlier test (default 1; 0: off)
   --fit-probes P         fit each group's variance term over P probe keys (default 64; 0: off)
   --query-metric         k-means metric from the queries of the second half of the steps;
                          errors reported on the first half only
@@ -122,6 +124,7 @@ options parse(int argc, char** argv) {
     else if (a == "--data") o.data = next();
     else if (a == "--dtype") o.dtype = next();
     else if (a == "--kv-heads") o.kv_heads = whole_number(a, next(), false);
+    else if (a == "--seed") o.seed = whole_number(a, next(), false);
     else if (a == "--budgets") o.budgets = parse_list(a, next());
     else if (a == "--threads") o.threads = whole_number(a, next(), false);
     else if (a == "--window") o.selector.config.window = whole_number(a, next());
@@ -135,6 +138,7 @@ options parse(int argc, char** argv) {
     else if (a == "--outlier-sigma") o.selector.config.outlier_sigma = real_number(a, next());
     else if (a == "--outlier-directions") o.selector.config.outlier_directions = whole_number(a, next());
     else if (a == "--outlier-bands") o.selector.config.outlier_bands = whole_number(a, next());
+    else if (a == "--outlier-clip") o.selector.config.outlier_clip_passes = whole_number(a, next());
     else if (a == "--fit-probes") o.selector.config.variance_fit_probes = whole_number(a, next());
     else if (a == "--query-metric") o.query_metric = true;
     else if (a == "--key-metric") o.key_metric = true;
@@ -206,6 +210,7 @@ int main(int argc, char** argv) try {
     testing::synthetic_kv_config cfg;
     cfg.n = opt.synthetic;
     cfg.kv_heads = opt.kv_heads;
+    cfg.seed = opt.seed;
     dump = testing::make_synthetic_kv(cfg, opt.dtype, [&](index_t n, const std::function<void(index_t)>& f) { for_threads(n, opt.threads, f); });
   }
   const bool synthetic = opt.data.empty();

@@ -48,13 +48,20 @@ struct mog_config {
   // clusters' whitened deviations is as improbable (chi-square tails matched): catches keys whose
   // deviation is concentrated in a few directions that the all-dimension distance dilutes. 0: off.
   index_t outlier_directions = 0;
-  // ... or whose deviation within one RoPE frequency band is as improbable, after a factor of
-  // `outlier_bands` for the bands tested: bands of consecutive rotation pairs in the
-  // rotate-half layout (pair j is dimensions j and j + d/2, as Llama's), at most d/2 of them.
-  // Catches keys out in one band (a salient token) that the all-dimension distance dilutes.
-  // 0: off. Not applied with a query-sample metric (its dimensions are not RoPE pairs).
-  // 8 measured best of 4 / 8 / 16 on the synthetic cache (docs/methods/mog.md, "Outliers by band").
+  // ... or whose deviation within one window of RoPE pairs is as improbable, after a factor
+  // for the windows tested: windows of d/2/`outlier_bands` consecutive rotation pairs at half
+  // that stride, and of twice that at its width, in the rotate-half layout (pair j is
+  // dimensions j and j + d/2, as Llama's). Catches keys out in one band (a salient token)
+  // that the all-dimension distance dilutes. 0: off. Not applied with a query-sample metric
+  // (its dimensions are not RoPE pairs). 8 measured best of 4 / 8 / 16 on the synthetic
+  // cache with disjoint bands (docs/methods/mog.md, "Outliers by band"); the overlapping
+  // windows lowered p90 further ("Overlapping windows and sigma clipping").
   index_t outlier_bands = 8;
+  // Passes of sigma clipping in each cluster's outlier test: the moments again without the
+  // members already past the threshold, and every statistic against them. Several far keys
+  // of one cluster inflate its variance along their shared deviation and hide each other
+  // from the leave-one-out test. 0: one pass over the full moments.
+  index_t outlier_clip_passes = 1;
   // Each group's variance term is multiplied by a factor fitted at build: the least-squares
   // ratio, over this many probe queries (rows of query_sample if given, else keys of the
   // cache spread evenly over it; at the default scale 1/sqrt(d)), of the group's true
@@ -106,26 +113,36 @@ inline double normal_upper_quantile(double p) {
   }
   return z;
 }
-// The largest chi-square deviation of one band of RoPE pairs (rotate-half layout), as the
-// chi-square(d) value of the same tail probability once multiplied by the number of bands
-// (Bonferroni). z2 holds the d squared whitened deviations of one key. Values at most
-// `floor` are not needed, and their tail inversion (a few Newton steps) is skipped: 0.
+// The largest chi-square deviation of one window of RoPE pairs (rotate-half layout), as the
+// chi-square(d) value of the same tail probability once multiplied by the number of windows
+// tested (Bonferroni). Windows: `bands` pairs/bands wide at half that stride (so a deviation
+// straddling two bands still falls in one window), and twice as wide at their width.
+// z2 holds the d squared whitened deviations of one key. Values at most `floor` are not
+// needed, and their tail inversion (a few Newton steps) is skipped: 0.
 inline double band_deviation(const double* z2, index_t d, index_t bands, double floor = 0.0) {
   const index_t pairs = d / 2;
   bands = std::min(bands, pairs);
   if (bands == 0) return 0.0;
+  const index_t width = pairs / bands;
   double worst = -std::numeric_limits<double>::infinity();
-  for (index_t b = 0; b < bands; ++b) {
-    const index_t lo = b * pairs / bands, hi = (b + 1) * pairs / bands;
-    double t = 0.0;
-    for (index_t j = lo; j < hi; ++j) t += z2[j] + z2[j + pairs];
-    worst = std::max(worst, chi_square_z(t, 2.0 * static_cast<double>(hi - lo)));
+  index_t tested = 0;
+  for (index_t w : {width, 2 * width}) {
+    if (w > pairs) break;
+    double largest = 0.0;  // the z-score rises with the sum: one conversion per width
+    for (index_t lo = 0; lo + w <= pairs; lo += std::max<index_t>(1, w / 2)) {
+      double t = 0.0;
+      for (index_t j = lo; j < lo + w; ++j) t += z2[j] + z2[j + pairs];
+      largest = std::max(largest, t);
+      ++tested;
+    }
+    worst = std::max(worst, chi_square_z(largest, 2.0 * static_cast<double>(w)));
   }
   if (chi_square_at_z(worst, static_cast<double>(d)) <= floor) return 0.0;  // the factor only lowers it
   constexpr double far = 37.0;  // beyond it the normal tail underflows a double
-  const double tail = 0.5 * std::erfc(std::min(worst, far) / std::sqrt(2.0)) * static_cast<double>(bands);
+  const double factor = static_cast<double>(tested);
+  const double tail = 0.5 * std::erfc(std::min(worst, far) / std::sqrt(2.0)) * factor;
   if (!(tail < 0.5)) return 0.0;  // not improbable after the factor: no evidence
-  const double z = worst >= far ? worst - std::log(static_cast<double>(bands)) / worst : normal_upper_quantile(tail);
+  const double z = worst >= far ? worst - std::log(factor) / worst : normal_upper_quantile(tail);
   return chi_square_at_z(z, static_cast<double>(d));
 }
 
@@ -399,6 +416,12 @@ class mog_index {
           const Eigen::ArrayXd z2 = sp.whitened(x.row(static_cast<Eigen::Index>(j))).square();
           (*mahalanobis)[rows[j]] = static_cast<float>(outlier_statistic(z2.data()));
         }
+        // Passes stop early once the set of far members repeats.
+        for (index_t pass = 0, kept = rows.size(); pass < cfg_.outlier_clip_passes; ++pass) {
+          const index_t now = clipped_statistics(x, rows, sp, *mahalanobis);
+          if (now == kept) break;
+          kept = now;
+        }
       }
       std::vector<std::uint32_t> labels(rows.size(), 0);
       index_t subs = 1;
@@ -430,6 +453,45 @@ class mog_index {
       return f * dev / (var_loo + floor).sqrt();
     }
   };
+
+  // Sigma clipping: the cluster's moments again without the members past the threshold,
+  // and every member's statistic against them (the candidates' as non-members). Several
+  // far keys in one cluster inflate its variance along their shared deviation and hide
+  // each other from the leave-one-out test.
+  // Returns the members kept (all of them when none is far, or when too few would be left).
+  index_t clipped_statistics(const row_matrix& x, const std::vector<std::uint32_t>& rows, spread_of_cluster& sp,
+                             std::vector<float>& statistic) const {
+    const double threshold = outlier_threshold();
+    std::vector<char> far(rows.size(), 0);
+    index_t kept = 0;
+    for (index_t j = 0; j < rows.size(); ++j) {
+      far[j] = static_cast<double>(statistic[rows[j]]) > threshold;
+      kept += !far[j];
+    }
+    if (kept == rows.size() || kept < min_outlier_group) return rows.size();
+    Eigen::ArrayXd mean = Eigen::ArrayXd::Zero(x.cols()), sq = Eigen::ArrayXd::Zero(x.cols());
+    for (index_t j = 0; j < rows.size(); ++j)
+      if (!far[j]) mean += x.row(static_cast<Eigen::Index>(j)).cast<double>().transpose().array();
+    mean /= static_cast<double>(kept);
+    for (index_t j = 0; j < rows.size(); ++j)
+      if (!far[j]) sq += (x.row(static_cast<Eigen::Index>(j)).cast<double>().transpose().array() - mean).square();
+    sp.mean = mean;
+    sp.var = sq / static_cast<double>(kept);
+    sp.floor = 1e-6 * sp.var.mean() + 1e-30;
+    sp.m = static_cast<double>(kept);
+    for (index_t j = 0; j < rows.size(); ++j) {
+      const auto row = x.row(static_cast<Eigen::Index>(j));
+      Eigen::ArrayXd z2;
+      if (far[j]) {
+        const double f = sp.m / (sp.m - 1);  // the unbiased variance of the members it is not one of
+        z2 = (row.cast<double>().transpose().array() - sp.mean).square() / (f * sp.var + sp.floor);
+      } else {
+        z2 = sp.whitened(row).square();
+      }
+      statistic[rows[j]] = static_cast<float>(outlier_statistic(z2.data()));
+    }
+    return kept;
+  }
 
   // The second outlier test: deviations concentrated in a few directions. The all-dimension
   // distance sums d chi-square terms, so a key 7 sigma out along one direction shared by a
