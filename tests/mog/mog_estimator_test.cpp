@@ -147,6 +147,38 @@ TEST_CASE("mog: variance_scale tempers the variance term of every estimate, and 
   }
 }
 
+// with_budget's outlier share caps the exact outliers at that share of the budget's tokens
+// (and 2 % of n); the index then holds at most that many. A share outside [0, 1] is refused.
+TEST_CASE("mog: the outlier share caps the outliers of with_budget, and a bad share is refused", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(720);
+  const index_t n = 20000, d = 32;
+  random_kv<float> kv(g, n, d, 8);
+  floe::testing::make_clustered(kv, g, 12);
+  for (index_t i = 0; i < n; i += 50) kv.keys[i * d + 3] += 25.f;  // 400 far keys: more than any cap here
+  const budget b = budget::fraction(0.05);  // 1000 tokens
+  const auto outliers = [&](double share) {
+    const auto sel = select::mog_clusters::with_budget(b, n, share);
+    REQUIRE(sel.config.outlier_fraction == Approx(std::min(0.02, share * 1000.0 / n)));
+    return sel.build(kv.view()).outliers().size();
+  };
+  const index_t half = outliers(select::mog_clusters::outlier_share), lean = outliers(select::mog_clusters::lean_outlier_share);
+  INFO("outliers at share 0.5: " << half << ", at 0.1: " << lean);
+  CHECK(half > 100);
+  CHECK(half <= 400);  // the cap: 2 % of n
+  CHECK(lean <= 100);  // 0.1 of 1000
+  CHECK(lean >= 90);
+  CHECK(outliers(0.0) == 0);
+  for (double bad : {-0.1, 1.5, std::nan("")}) {
+    try {
+      (void)select::mog_clusters::with_budget(b, n, bad);
+      FAIL("outlier share " << bad << " accepted");
+    } catch (const floe::invalid_argument& e) {
+      CHECK(e.argument() == "outlier_share");
+    }
+  }
+}
+
 TEST_CASE("mog: the Gaussian residual beats dropping it (mog_clusters+none) at equal reads", "[mog]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(715);

@@ -49,15 +49,19 @@ struct mog_clusters {
 
   // The default configuration for a budget on a cache of n tokens: 4 sinks and a recent
   // window of 64 exact tokens, each shrunk so that together they use at most a quarter of
-  // it, and exact outliers for at most outlier_share of it (and 2 % of n).
+  // it, and exact outliers for at most `share` of it (and 2 % of n). The synthetic cache
+  // needs 0.5; 0.1 lowers p90 on the SmolLM2 dumps but raises perplexity at 8K
+  // (docs/methods/mog.md, "Outlier share").
   static constexpr double outlier_share = 0.5;
-  static mog_clusters with_budget(budget b, index_t n) {
+  static constexpr double lean_outlier_share = 0.1;
+  static mog_clusters with_budget(budget b, index_t n, double share = outlier_share) {
+    require(std::isfinite(share) && share >= 0.0 && share <= 1.0, "outlier_share", "must lie in [0, 1], got ", share);
     mog_clusters s;
     s.limit = b;
     const index_t tokens = b.resolve(n), quarter = tokens / 4;
     s.config.sinks = std::min<index_t>(4, quarter / 4);
     s.config.window = std::min<index_t>(64, quarter - s.config.sinks);
-    if (n > 0) s.config.outlier_fraction = std::min(s.config.outlier_fraction, outlier_share * static_cast<double>(tokens) / static_cast<double>(n));
+    if (n > 0) s.config.outlier_fraction = std::min(s.config.outlier_fraction, share * static_cast<double>(tokens) / static_cast<double>(n));
     return s;
   }
 
