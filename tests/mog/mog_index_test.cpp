@@ -201,7 +201,8 @@ TEST_CASE("mog_index: outlier_directions catches keys far along a shared directi
   const float spread = 0.5f;
   // Counts summed over three caches: in one, k-means gives the planted keys a cluster of
   // their own all or none, and the difference (12 +- 5 over 200 seeds) came within 2.5
-  // standard deviations of 0.
+  // standard deviations of 0. Summed, without sigma clipping: 81.1 +- 8.4 caught without
+  // (max 106), 36.5 +- 8.0 more with (min 15), over 200 seeds.
   index_t without = 0, with = 0;
   for (index_t c = 0; c < caches; ++c) {
     random_kv<float> kv(g, n, d, 8);
@@ -210,6 +211,7 @@ TEST_CASE("mog_index: outlier_directions catches keys far along a shared directi
     const auto caught = [&](index_t directions) {
       mog_config cfg;
       cfg.outlier_bands = 0;  // the all-dimension test alone, against it with the direction test
+      cfg.outlier_clip_passes = 0;  // sigma clipping alone catches most of them (its own test)
       cfg.outlier_directions = directions;
       cfg.outlier_fraction = 0.1;  // a cap the candidates do not reach: this checks the test, not the ranking
       const auto idx = mog_index::build(kv.view(), cfg);
