@@ -416,7 +416,8 @@ class mog_index {
           const Eigen::ArrayXd z2 = sp.whitened(x.row(static_cast<Eigen::Index>(j))).square();
           (*mahalanobis)[rows[j]] = static_cast<float>(outlier_statistic(z2.data()));
         }
-        // Passes stop early once the set of far members repeats.
+        // Passes stop early once one keeps as many members as the pass before (the count,
+        // not the set, is compared: a cheap proxy; the default runs one pass anyway).
         for (index_t pass = 0, kept = rows.size(); pass < cfg_.outlier_clip_passes; ++pass) {
           const index_t now = clipped_statistics(x, rows, sp, *mahalanobis);
           if (now == kept) break;
