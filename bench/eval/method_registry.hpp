@@ -67,6 +67,8 @@ std::vector<method_entry<E>> registered_methods() {
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::none>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {}}; }),
       method<E>("topk_anchors:quantized_scan+feature_map", "as topk_anchors:quantized_scan+none, plus positive random features (M = 64) for the left-out middle",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}}}; }),
+      method<E>("topk_anchors:quantized_scan+feature_map:cached", "as topk_anchors:quantized_scan+feature_map with each middle token's features cached (bf16, 128 bytes per token): decode projects no keys",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}, 0.f, true}}; }),
       method<E>("topk_anchors:quantized_scan+feature_map:optimized", "as topk_anchors:quantized_scan+feature_map with the variance-optimised positive features (M = 64)",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<res::optimized_positive_random>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}}}; }),
       method<E>("topk_anchors:quantized_scan+scan_completion", "as topk_anchors:quantized_scan+none, plus the left-out middle from the scan's estimates: values of the next 2K tokens read (no keys), the rest as estimated mass x their mean value, varied along 8 principal value directions (16-byte sketch per token)",

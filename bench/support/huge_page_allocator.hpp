@@ -5,16 +5,14 @@
 #pragma once
 
 #include <cstdlib>
-#include <new>
 
-#include <sys/mman.h>
+#include "floe/core/huge_page_allocator.hpp"
 
 namespace floe::bench {
 
 template <class T>
 struct huge_page_allocator {
   using value_type = T;
-  static constexpr std::size_t huge = std::size_t{2} << 20;
 
   huge_page_allocator() = default;
   template <class U>
@@ -25,16 +23,8 @@ struct huge_page_allocator {
     return !(v && v[0] == '0');
   }
 
-  T* allocate(std::size_t n) {
-    const std::size_t bytes = (n * sizeof(T) + huge - 1) / huge * huge;
-    void* p = std::aligned_alloc(huge, bytes);
-    if (!p) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-    if (enabled()) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: failure leaves 4 KiB pages
-#endif
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, std::size_t) { std::free(p); }
+  T* allocate(std::size_t n) { return static_cast<T*>(detail::allocate_huge_aligned(n * sizeof(T), enabled())); }
+  void deallocate(T* p, std::size_t n) { detail::free_huge_aligned(p, n * sizeof(T)); }
 
   template <class U>
   bool operator==(const huge_page_allocator<U>&) const { return true; }

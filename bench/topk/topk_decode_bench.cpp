@@ -113,11 +113,17 @@ void topk_quantized_none(benchmark::State& s) {
   run(s, floe::estimator<sel, floe::residual::none>(five_percent(data().n), {}));
 }
 
-void topk_quantized_feature_map(benchmark::State& s) {
-  using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
+// Arg 0: M; arg 1 (where given): 1 caches each token's features (no key projection at decode).
+floe::residual::feature_map<> feature_map_of(const benchmark::State& s) {
   floe::residual::feature_map<> fm;
   fm.map.features = static_cast<index_t>(s.range(0));
-  run(s, floe::estimator<sel, floe::residual::feature_map<>>(five_percent(data().n), fm));
+  fm.cache_token_features = s.range(1) != 0;
+  return fm;
+}
+
+void topk_quantized_feature_map(benchmark::State& s) {
+  using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
+  run(s, floe::estimator<sel, floe::residual::feature_map<>>(five_percent(data().n), feature_map_of(s)));
 }
 // The same chosen by estimate (no re-rank): the topk_anchors+feature_map with
 // quantized_scan at its cheapest selection.
@@ -125,9 +131,7 @@ void topk_quantized_by_estimate_feature_map(benchmark::State& s) {
   using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
   auto chooser = five_percent(data().n);
   chooser.scorer.rerank_factor = 1.0;
-  floe::residual::feature_map<> fm;
-  fm.map.features = static_cast<index_t>(s.range(0));
-  run(s, floe::estimator<sel, floe::residual::feature_map<>>(chooser, fm));
+  run(s, floe::estimator<sel, floe::residual::feature_map<>>(chooser, feature_map_of(s)));
 }
 // The same with no re-rank: the k best by 4-bit estimate, no exact keys read to choose.
 void topk_quantized_none_by_estimate(benchmark::State& s) {
@@ -156,9 +160,9 @@ void topk_quantized_by_estimate_scan_completion(benchmark::State& s) {
 struct phases {
   using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
   sel selector = five_percent(data().n);
-  floe::residual::feature_map<> residual{{64}};
+  floe::residual::feature_map<> residual{{64}}, cached{{64}, 0.f, true};
   std::vector<sel::index> sidx;
-  std::vector<floe::feature_map_summary> ridx;
+  std::vector<floe::feature_map_summary> ridx, ridx_cached;
   std::vector<sel::selection> chosen;
   phases() {
     const workload& w = data();
@@ -166,6 +170,7 @@ struct phases {
     for (index_t h = 0; h < w.heads; ++h) {
       sidx.push_back(selector.build(w.kv(h)));
       ridx.push_back(residual.build(w.kv(h), selector, sidx.back()));
+      ridx_cached.push_back(cached.build(w.kv(h), selector, sidx.back()));
       chosen.emplace_back();
       selector.select(sidx[h], w.kv(h), w.q(h), floe::exec::simd{}, chosen[h], io);
     }
@@ -201,15 +206,18 @@ void phase_attend(benchmark::State& s) {
   }
 }
 
+// Arg 1 caches each token's features.
 void phase_feature_map(benchmark::State& s) {
   const auto& p = phase_data();
   const workload& w = data();
+  const bool cached = s.range(0) != 0;
   std::vector<floe::stats> io(w.heads);
   for (auto _ : s) {
     floe::bench::start_cold(s);
     pool().parallel_for(w.heads, [&](index_t h) {
       floe::partial_set<float> parts(w.g, w.dv);
-      p.residual.estimate(p.ridx[h], w.kv(h), w.q(h), p.chosen[h], floe::exec::simd{}, parts, io[h]);
+      (cached ? p.cached : p.residual)
+          .estimate((cached ? p.ridx_cached : p.ridx)[h], w.kv(h), w.q(h), p.chosen[h], floe::exec::simd{}, parts, io[h]);
       benchmark::DoNotOptimize(parts.l(0));
     });
   }
@@ -218,7 +226,7 @@ void phase_feature_map(benchmark::State& s) {
 
 BENCHMARK(phase_select)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(phase_attend)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(phase_feature_map)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(phase_feature_map)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_none)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_none_by_estimate)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -226,8 +234,10 @@ BENCHMARK(topk_quantized_scan_completion)->Unit(benchmark::kMillisecond)->UseRea
 BENCHMARK(topk_quantized_by_estimate_scan_completion)
     ->Args({50, 0})->Args({200, 0})->Args({50, 8})->Args({200, 8})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(topk_quantized_feature_map)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(topk_quantized_by_estimate_feature_map)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_feature_map)
+    ->Args({32, 0})->Args({64, 0})->Args({128, 0})->Args({256, 0})->Args({64, 1})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_by_estimate_feature_map)->Args({64, 0})->Args({64, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check
 
 BENCHMARK_MAIN();

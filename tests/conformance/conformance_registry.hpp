@@ -23,6 +23,7 @@ inline auto full_budget_estimators() {
       [](index_t n) { return estimator<select::oracle_topk, residual::none>({n}, {}); },
       [](index_t n) { return estimator<select::mog_clusters, residual::gaussian_moments>(select::mog_clusters::with_budget(budget::fraction(1.0), n), {}); },
       [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::feature_map<>>(anchored_full(n), {}); },
+      [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::feature_map<>>(anchored_full(n), {{}, 0.f, true}); },
       [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::scan_completion>(anchored_full(n), {}); },
   };
 }

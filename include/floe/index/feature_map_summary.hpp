@@ -2,7 +2,9 @@
 //   zeta = sum_i phi(k_i - c),  Phi = sum_i phi(k_i - c) v_i^T   (c: the region's key mean)
 // kept per feature m in log-scaled form (zeta_m = exp(sigma_m) zeta~_m, likewise the row
 // Phi_m), so that masses of e^+-700 and beyond stay finite. Tokens join by rank-one
-// updates as they leave the tail window. docs/methods/retrieval-completion.md.
+// updates as they leave the tail window. Optionally each token's features are cached
+// (bf16) so that decode subtracts the exact tokens' features without projecting their
+// keys. docs/methods/retrieval-completion.md.
 #pragma once
 
 #include <Eigen/Core>
@@ -11,16 +13,24 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "floe/core/error.hpp"
+#include "floe/core/huge_page_allocator.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
 #include "floe/index/widen.hpp"
 #include "floe/residual/feature_maps/gaussian_directions.hpp"
 
+#include <sys/mman.h>
 namespace floe {
+template <class T> struct tmp_huge { using value_type = T; static constexpr std::size_t huge = std::size_t{2} << 20;
+  tmp_huge() = default; template <class U> tmp_huge(const tmp_huge<U>&) {}
+  T* allocate(std::size_t n) { const std::size_t bytes = (n * sizeof(T) + huge - 1) / huge * huge; void* p = std::aligned_alloc(huge, bytes); madvise(p, bytes, MADV_HUGEPAGE); return static_cast<T*>(p); }
+  void deallocate(T* p, std::size_t) { std::free(p); }
+  template <class U> bool operator==(const tmp_huge<U>&) const { return true; } };
 
 // The residual of one query head: D^ = exp(log_ref) * mass, N^ = exp(log_ref) * numerator.
 // `mass` may be negative (the subtraction is unbiased, not positive); callers clamp.
@@ -33,15 +43,22 @@ struct feature_mass {
 class feature_map_summary {
  public:
   using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using numerator_matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   static constexpr index_t chunk_tokens = 512;  // tokens per GEMM when building or subtracting
+  // With the cache, sigma_m is raised only when a token's log-feature passes it by this
+  // much: each raise rescales the cached column too (re-rounding it), so raises are kept
+  // rare; cached values up to e^40 are fine in bf16 and in the float sums.
+  static constexpr float cache_headroom = 40.f;
 
   feature_map_summary() = default;
 
   // Summarises region [b, e) of kv with the map `params`, keys centred on `centre`;
-  // append() later takes tokens up to n - window.
+  // append() later takes tokens up to n - window. With cache_token_features, each token's
+  // features are kept (bf16, M per token) and Phi, zeta summed from the rounded values,
+  // so that the decode-time subtraction cancels a token's own term exactly.
   template <KvView KV>
   static feature_map_summary build(const KV& kv, token_range region, index_t window, residual::feature_params params,
-                                   Eigen::VectorXf centre) {
+                                   Eigen::VectorXf centre, bool cache_token_features = false) {
     require(region.begin <= region.end && region.end <= kv.n(), "region", "[", region.begin, ", ", region.end,
             ") is not inside the cache of n = ", kv.n());
     require(params.projection.cols() == static_cast<Eigen::Index>(kv.d()) && centre.size() == params.projection.cols(),
@@ -52,6 +69,7 @@ class feature_map_summary {
     s.window_ = window;
     s.d_ = kv.d();
     s.dv_ = kv.dv();
+    s.caching_ = cache_token_features;
     const auto m = static_cast<Eigen::Index>(s.features());
     s.log_scale_ = Eigen::VectorXf::Constant(m, -std::numeric_limits<float>::infinity());
     s.zeta_ = Eigen::VectorXf::Zero(m);
@@ -77,10 +95,16 @@ class feature_map_summary {
   const Eigen::VectorXf& zeta() const { return zeta_; }
   const row_matrix& phi() const { return phi_; }
 
-  // Everything estimate() reads: map, centre, log scales, zeta and Phi, in float.
-  std::uint64_t bytes() const {
-    const index_t m = features();
-    return sizeof(float) * (m * d_ + m + d_ + m + m + m * dv_);
+  bool caches_token_features() const { return caching_; }
+
+  // Memory held: map, centre, log scales, zeta and Phi in float, and the feature cache.
+  std::uint64_t bytes() const { return summary_bytes() + cached_.size() * sizeof(bfloat16); }
+
+  // What one estimate() reads: the summary, and with the cache the features of the exact
+  // tokens inside the region.
+  std::uint64_t read_bytes(std::span<const token_range> exact) const {
+    const std::uint64_t inside = caching_ ? inside_region(exact).second : 0;
+    return summary_bytes() + inside * features() * sizeof(bfloat16);
   }
 
   // log phi(x_r) for the rows of x (already centred when they are keys): [rows, M].
@@ -102,15 +126,7 @@ class feature_map_summary {
             "; the view has d = ", kv.d(), ", dv = ", kv.dv());
     check_covered(exact, {0, region_.begin}, kv.n());
     check_covered(exact, {region_.end, kv.n()}, kv.n());
-    std::vector<token_range> inside;
-    index_t inside_count = 0;
-    for (const token_range& r : exact) {
-      const token_range x{std::max(r.begin, region_.begin), std::min(r.end, region_.end)};
-      if (x.begin < x.end) {
-        inside.push_back(x);
-        inside_count += x.size();
-      }
-    }
+    const auto [inside, inside_count] = inside_region(exact);
     if (inside_count == region_.size()) return {};
 
     const index_t g = q.heads;
@@ -127,32 +143,43 @@ class feature_map_summary {
     weight = weight.array().exp().matrix();
 
     std::vector<feature_mass> out(g);
-    Eigen::MatrixXd numer = (weight * phi_).cast<double>();  // [g, dv]
+    // Row-major: each head's numerator is copied out as one contiguous row below.
+    numerator_matrix numer = (weight * phi_).cast<double>();  // [g, dv]
     Eigen::VectorXd mass = (weight * zeta_).cast<double>();
-    // Per chunk, one GEMM (the features, transposed: [M, rows]) and then row updates:
-    // Eigen's small-by-large products packed more bytes than they multiplied.
-    thread_local row_matrix token_features, u, chunk_numer;
-    const Eigen::VectorXf feature_shift = params_.bias - log_scale_;
-    thread_local Eigen::RowVectorXf value_row;
-    value_row.resize(static_cast<Eigen::Index>(dv_));
-    for_each_chunk<false>(kv, inside, [&](const auto& keys, std::span<const index_t> tokens) {
-      const Eigen::Index rows = keys.rows();
-      token_features.resize(static_cast<Eigen::Index>(features()), rows);
-      token_features.noalias() = params_.projection * keys.transpose();
-      const Eigen::RowVectorXf half_sq = (0.5f * params_.scale) * keys.rowwise().squaredNorm().transpose();
-      u.setZero(static_cast<Eigen::Index>(g), rows);  // u_hr = phi(q_h) . phi(k_r)
-      for (Eigen::Index m = 0; m < token_features.rows(); ++m) {
-        token_features.row(m) = (token_features.row(m).array() - half_sq.array() + feature_shift[m]).exp();
-        for (Eigen::Index h = 0; h < u.rows(); ++h) u.row(h) += weight(h, m) * token_features.row(m);
-      }
-      mass -= u.rowwise().sum().cast<double>();
-      chunk_numer.setZero(static_cast<Eigen::Index>(g), static_cast<Eigen::Index>(dv_));
-      for (Eigen::Index r = 0; r < rows; ++r) {  // value rows widened one at a time, in L1
-        detail::widen(kv.value_row(tokens[static_cast<std::size_t>(r)]), value_row.data(), dv_);
-        for (Eigen::Index h = 0; h < u.rows(); ++h) chunk_numer.row(h) += u(h, r) * value_row;
-      }
-      numer -= chunk_numer.cast<double>();
-    });
+    // Per chunk, u_hr = phi(q_h) . phi(k_r) for its exact tokens, from the cached features
+    // or from their keys projected, then their own terms taken out of the summary.
+    thread_local row_matrix u;
+    if (caching_) {
+      thread_local Eigen::RowVectorXf token_features;
+      token_features.resize(static_cast<Eigen::Index>(features()));
+      for_each_token_chunk(inside, [&](std::span<const index_t> tokens) {
+        const index_t m = features();
+        u.resize(static_cast<Eigen::Index>(g), static_cast<Eigen::Index>(tokens.size()));
+        constexpr index_t ahead = 16;  // cached rows in flight: scattered gathers are latency-bound
+        for (index_t r = 0; r < tokens.size(); ++r) {
+          if (r + ahead < tokens.size()) detail::prefetch_row(cached_row(tokens[r + ahead]), m);
+          detail::widen(cached_row(tokens[r]), token_features.data(), m);
+          for (Eigen::Index h = 0; h < u.rows(); ++h) u(h, static_cast<Eigen::Index>(r)) = weight.row(h).dot(token_features);
+        }
+        subtract_terms(kv, tokens, u, mass, numer);
+      });
+    } else {
+      // One GEMM per chunk (the features, transposed: [M, rows]) and then row updates:
+      // Eigen's small-by-large products packed more bytes than they multiplied.
+      thread_local row_matrix token_features;
+      const Eigen::VectorXf feature_shift = params_.bias - log_scale_;
+      for_each_chunk<false>(kv, inside, [&](const auto& keys, std::span<const index_t> tokens) {
+        token_features.resize(static_cast<Eigen::Index>(features()), keys.rows());
+        token_features.noalias() = params_.projection * keys.transpose();
+        const Eigen::RowVectorXf half_sq = (0.5f * params_.scale) * keys.rowwise().squaredNorm().transpose();
+        u.setZero(static_cast<Eigen::Index>(g), keys.rows());
+        for (Eigen::Index m = 0; m < token_features.rows(); ++m) {
+          token_features.row(m) = (token_features.row(m).array() - half_sq.array() + feature_shift[m]).exp();
+          for (Eigen::Index h = 0; h < u.rows(); ++h) u.row(h) += weight(h, m) * token_features.row(m);
+        }
+        subtract_terms(kv, tokens, u, mass, numer);
+      });
+    }
     for (index_t h = 0; h < g; ++h) {
       double shift = 0.0;  // s q_h . c, the score shift the centring removed
       for (index_t t = 0; t < d_; ++t) shift += static_cast<double>(q.row(h)[t]) * centre_[static_cast<Eigen::Index>(t)];
@@ -164,27 +191,93 @@ class feature_map_summary {
     return out;
   }
 
+  // The exact ranges clipped to the region, and how many tokens they hold there.
+  std::pair<std::vector<token_range>, index_t> inside_region(std::span<const token_range> exact) const {
+    std::pair<std::vector<token_range>, index_t> out{{}, 0};
+    for (const token_range& r : exact) {
+      const token_range x{std::max(r.begin, region_.begin), std::min(r.end, region_.end)};
+      if (x.begin < x.end) {
+        out.first.push_back(x);
+        out.second += x.size();
+      }
+    }
+    return out;
+  }
+
  private:
+  std::uint64_t summary_bytes() const {
+    const index_t m = features();
+    return sizeof(float) * (m * d_ + m + d_ + m + m + m * dv_);
+  }
+
+  const bfloat16* cached_row(index_t token) const { return cached_.data() + (token - region_.begin) * features(); }
+
+  // mass_h -= sum_r u_hr and numer_h -= sum_r u_hr v_r: the exact tokens' own terms,
+  // taken out of the summary.
+  template <KvView KV>
+  void subtract_terms(const KV& kv, std::span<const index_t> tokens, const row_matrix& u, Eigen::VectorXd& mass,
+                      numerator_matrix& numer) const {
+    thread_local row_matrix chunk_numer;
+    thread_local Eigen::RowVectorXf value_row;
+    mass -= u.rowwise().sum().cast<double>();
+    chunk_numer.setZero(u.rows(), static_cast<Eigen::Index>(dv_));
+    value_row.resize(static_cast<Eigen::Index>(dv_));
+    constexpr index_t ahead = 8;  // value rows in flight
+    for (index_t r = 0; r < tokens.size(); ++r) {  // value rows widened one at a time, in L1
+      if (r + ahead < tokens.size()) detail::prefetch_row(kv.value_row(tokens[r + ahead]), dv_);
+      detail::widen(kv.value_row(tokens[r]), value_row.data(), dv_);
+      for (Eigen::Index h = 0; h < u.rows(); ++h) chunk_numer.row(h) += u(h, static_cast<Eigen::Index>(r)) * value_row;
+    }
+    numer -= chunk_numer.cast<double>();
+  }
+
+  // Calls f(tokens) for the tokens of `ranges`, chunk_tokens at a time.
+  template <class F>
+  static void for_each_token_chunk(const std::vector<token_range>& ranges, F&& f) {
+    thread_local std::vector<index_t> tokens;
+    tokens.clear();
+    for (const token_range& r : ranges)
+      for (index_t i = r.begin; i < r.end; ++i) tokens.push_back(i);
+    for (index_t first = 0; first < tokens.size(); first += chunk_tokens)
+      f(std::span<const index_t>(tokens.data() + first, std::min(chunk_tokens, tokens.size() - first)));
+  }
+
   // Rank-k update with the tokens [region.end, to), chunk by chunk: raise sigma_m where a
   // chunk exceeds it (rescaling what is held), then add exp(log phi - sigma).
   template <KvView KV>
   void add_tokens(const KV& kv, index_t to) {
     const std::vector<token_range> todo{{region_.end, to}};
+    if (caching_ && cached_.empty()) cached_.reserve((to - region_.begin) * features());  // at build
     for_each_chunk<true>(kv, todo, [&](const auto& keys, const auto& values) {
       const row_matrix l = log_features(keys);
       require(l.allFinite(), "keys", "a key in [", region_.end, ", ", to, ") is NaN or Inf, or its features overflow");
       require(values.allFinite(), "values", "a value in [", region_.end, ", ", to, ") is NaN or Inf");
       const Eigen::VectorXf top = l.colwise().maxCoeff().transpose();
+      const float headroom = caching_ ? cache_headroom : 0.f;
+      const index_t m = features(), held = cached_.size() / std::max<index_t>(m, 1);
       for (Eigen::Index j = 0; j < l.cols(); ++j)
-        if (top[j] > log_scale_[j]) {
+        if (top[j] > log_scale_[j] + headroom) {
           const float factor = std::exp(log_scale_[j] - top[j]);  // 0 while empty
           zeta_[j] *= factor;
           phi_.row(j) *= factor;
+          for (index_t r = 0; r < held; ++r) {
+            bfloat16& x = cached_[r * m + static_cast<index_t>(j)];
+            x = bfloat16::from_float(x.to_float() * factor);
+          }
           log_scale_[j] = top[j];
         }
       row_matrix e = l;
       e.rowwise() -= log_scale_.transpose();
       e = e.array().exp().matrix();
+      if (caching_) {  // kept as rounded, and summed as rounded
+        cached_.resize(cached_.size() + static_cast<std::size_t>(e.size()));
+        bfloat16* out = cached_.data() + held * m;
+        for (Eigen::Index r = 0; r < e.rows(); ++r)
+          for (Eigen::Index j = 0; j < e.cols(); ++j) {
+            *out = bfloat16::from_float(e(r, j));
+            e(r, j) = (out++)->to_float();
+          }
+      }
       zeta_ += e.colwise().sum().transpose();
       phi_ += e.transpose() * values;
     });
@@ -192,35 +285,31 @@ class feature_map_summary {
   }
 
   // Calls f(centred keys, values) for the tokens of `ranges`, chunk_tokens rows at a time;
-  // without Values, f(centred keys, the chunk's tokens), their value rows prefetched.
+  // without Values, f(centred keys, the chunk's tokens).
   template <bool Values, KvView KV, class F>
   void for_each_chunk(const KV& kv, const std::vector<token_range>& ranges, F&& f) const {
     // Per-thread buffers kept between calls: fresh pages every step cost more than the GEMMs.
     thread_local row_matrix keys, values;
     keys.resize(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(d_));
     if constexpr (Values) values.resize(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(dv_));
-    thread_local std::vector<index_t> tokens;
-    tokens.clear();
-    for (const token_range& r : ranges)
-      for (index_t i = r.begin; i < r.end; ++i) tokens.push_back(i);
     constexpr index_t ahead = 8;  // rows in flight: scattered gathers are latency-bound
-    for (index_t first = 0; first < tokens.size(); first += chunk_tokens) {
-      const index_t rows = std::min(chunk_tokens, tokens.size() - first);
+    for_each_token_chunk(ranges, [&](std::span<const index_t> tokens) {
+      const index_t rows = tokens.size();
       for (index_t r = 0; r < rows; ++r) {
-        if (first + r + ahead < tokens.size()) {
-          detail::prefetch_row(kv.key_row(tokens[first + r + ahead]), d_);
-          detail::prefetch_row(kv.value_row(tokens[first + r + ahead]), dv_);
+        if (r + ahead < rows) {
+          detail::prefetch_row(kv.key_row(tokens[r + ahead]), d_);
+          if constexpr (Values) detail::prefetch_row(kv.value_row(tokens[r + ahead]), dv_);
         }
         const auto row = static_cast<Eigen::Index>(r);
-        detail::widen(kv.key_row(tokens[first + r]), &keys(row, 0), d_);
-        if constexpr (Values) detail::widen(kv.value_row(tokens[first + r]), &values(row, 0), dv_);
+        detail::widen(kv.key_row(tokens[r]), &keys(row, 0), d_);
+        if constexpr (Values) detail::widen(kv.value_row(tokens[r]), &values(row, 0), dv_);
         keys.row(row) -= centre_.transpose();
       }
       if constexpr (Values)
         f(keys.topRows(static_cast<Eigen::Index>(rows)), values.topRows(static_cast<Eigen::Index>(rows)));
       else
-        f(keys.topRows(static_cast<Eigen::Index>(rows)), std::span<const index_t>(tokens.data() + first, rows));
-    }
+        f(keys.topRows(static_cast<Eigen::Index>(rows)), tokens);
+    });
   }
 
   static void check_covered(std::span<const token_range> exact, token_range need, index_t n) {
@@ -239,6 +328,8 @@ class feature_map_summary {
   residual::feature_params params_;
   Eigen::VectorXf centre_;
   index_t window_ = 0, d_ = 0, dv_ = 0;
+  bool caching_ = false;
+  std::vector<bfloat16, huge_page_allocator<bfloat16>> cached_;  // [region tokens, M], relative to sigma, when caching_
   token_range region_;
   Eigen::VectorXf log_scale_;  // sigma: [M]
   Eigen::VectorXf zeta_;       // [M]

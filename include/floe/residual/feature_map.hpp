@@ -43,6 +43,9 @@ struct feature_map {
   static constexpr std::string_view name = detail::feature_map_name<Map>::value;
   Map map{};
   float scale = 0.f;  // score scale the map is drawn for (0: 1/sqrt(d)); other query scales are rescaled
+  // Keep each middle token's features (bf16, M per token: 2M bytes more memory per token)
+  // so that decode reads them instead of projecting the exact tokens' keys.
+  bool cache_token_features = false;
 
   using index = feature_map_summary;
 
@@ -68,7 +71,8 @@ struct feature_map {
         const double x = to_float(kv.key_row(i)[t]) - mean[static_cast<Eigen::Index>(t)];
         moments.mean_sq_centred += x * x / count;
       }
-    return feature_map_summary::build(kv, region, anchored_window(selector), map.draw(moments), mean.cast<float>());
+    return feature_map_summary::build(kv, region, anchored_window(selector), map.draw(moments), mean.cast<float>(),
+                                      cache_token_features);
   }
 
   template <KvView KV, class Selection, class Exec, class Acc>
@@ -76,7 +80,7 @@ struct feature_map {
                 partial_set<Acc>& parts, stats& io) const {
     const std::vector<feature_mass> masses = idx.estimate(kv, q, sel.ranges);
     if (masses.empty()) return;  // the exact set covers the region: nothing read, nothing to add
-    io.summary_bytes += idx.bytes();
+    io.summary_bytes += idx.read_bytes(sel.ranges);
     std::vector<Acc> mean_value(kv.dv());
     for (index_t h = 0; h < masses.size(); ++h) {
       const feature_mass& f = masses[h];
