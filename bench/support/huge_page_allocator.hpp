@@ -10,24 +10,14 @@
 
 namespace floe::bench {
 
-template <class T>
-struct huge_page_allocator {
-  using value_type = T;
-
-  huge_page_allocator() = default;
-  template <class U>
-  huge_page_allocator(const huge_page_allocator<U>&) {}
-
+struct huge_pages_from_environment {
   static bool enabled() {
     const char* v = std::getenv("FLOE_BENCH_HUGE_PAGES");
     return !(v && v[0] == '0');
   }
-
-  T* allocate(std::size_t n) { return static_cast<T*>(detail::allocate_huge_aligned(n * sizeof(T), enabled())); }
-  void deallocate(T* p, std::size_t n) { detail::free_huge_aligned(p, n * sizeof(T)); }
-
-  template <class U>
-  bool operator==(const huge_page_allocator<U>&) const { return true; }
 };
+
+template <class T>
+using huge_page_allocator = floe::huge_page_allocator<T, huge_pages_from_environment>;
 
 }  // namespace floe::bench

@@ -209,7 +209,7 @@ TEST_CASE("D^ and N^ equal their formula evaluated in double, for every head of 
 
 TEST_CASE("cached token features cancel each exact token's own term as projected ones do", "[feature_map][cache]") {
   INFO("seed " << floe::testing::seed());
-  auto g = floe::testing::rng(25);
+  auto g = floe::testing::rng(28);
   const index_t n = 8000, d = 32, dv = 8;
   floe::testing::random_kv<float> data(g, n, d, dv, 0, 0, 0.5f);
   const auto kv = data.view();
@@ -275,37 +275,45 @@ TEST_CASE("feature_map completes the mass Top-K leaves out when attention is fla
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(22);
   const index_t n = 4000, d = 32, dv = 16, heads = 4;
-  floe::testing::random_kv<float> data(g, n, d, dv, 0, 0, 0.5f);
   // Values that follow the keys: the tokens Top-K leaves out hold values unlike those it
-  // reads, so renormalising over what was read is biased.
-  for (index_t i = 0; i < n; ++i)
-    for (index_t j = 0; j < dv; ++j) data.values[i * dv + j] = data.keys[i * d + j] + 0.1f * data.values[i * dv + j];
-  const auto kv = data.view();
-  const topk_anchors<quantized_scan> sel{4, 64, floe::budget::fraction(0.05), {}};
-  floe::estimator<topk_anchors<quantized_scan>, floe::residual::none> only(sel, {});
-  floe::estimator<topk_anchors<quantized_scan>, feature_map<positive_random>> completed(sel, {});
-  const auto s1 = only.build(kv);
-  const auto s2 = completed.build(kv);
-  // Per (query, head) errors; their medians, because the map's variance gives a rare
-  // query a large error and a mean over 64 would let one such draw decide the test.
-  std::vector<double> err_only, err_completed;
-  for (int t = 0; t < 16; ++t) {
-    const auto qd = floe::testing::random_floats(g, heads * d, 0.5f);
-    const auto q = floe::query_group::make(qd.data(), heads, d);
-    const auto want = floe::testing::dense_output(kv, q);
-    floe::stats a, b;
-    const auto o1 = floe::testing::decode_output(only, s1, kv, q, a);
-    const auto o2 = floe::testing::decode_output(completed, s2, kv, q, b);
-    for (index_t h = 0; h < heads; ++h) {
-      err_only.push_back(floe::testing::relative_l2(o1.data() + h * dv, want.data() + h * dv, dv));
-      err_completed.push_back(floe::testing::relative_l2(o2.data() + h * dv, want.data() + h * dv, dv));
+  // reads, so renormalising over what was read is biased. Centred, and shifted by +1 (a
+  // large common component, as real values have).
+  for (const float shift : {0.f, 1.f}) {
+    INFO("values shifted by " << shift);
+    floe::testing::random_kv<float> data(g, n, d, dv, 0, 0, 0.5f);
+    for (index_t i = 0; i < n; ++i)
+      for (index_t j = 0; j < dv; ++j)
+        data.values[i * dv + j] = data.keys[i * d + j] + 0.1f * data.values[i * dv + j] + shift;
+    const auto kv = data.view();
+    const topk_anchors<quantized_scan> sel{4, 64, floe::budget::fraction(0.05), {}};
+    floe::estimator<topk_anchors<quantized_scan>, floe::residual::none> only(sel, {});
+    floe::estimator<topk_anchors<quantized_scan>, feature_map<positive_random>> completed(sel, {});
+    const auto s1 = only.build(kv);
+    const auto s2 = completed.build(kv);
+    // Per (query, head) errors; their medians, because the map's variance gives a rare
+    // query a large error and a mean over 64 would let one such draw decide the test.
+    std::vector<double> err_only, err_completed;
+    for (int t = 0; t < 16; ++t) {
+      const auto qd = floe::testing::random_floats(g, heads * d, 0.5f);
+      const auto q = floe::query_group::make(qd.data(), heads, d);
+      const auto want = floe::testing::dense_output(kv, q);
+      floe::stats a, b;
+      const auto o1 = floe::testing::decode_output(only, s1, kv, q, a);
+      const auto o2 = floe::testing::decode_output(completed, s2, kv, q, b);
+      for (index_t h = 0; h < heads; ++h) {
+        err_only.push_back(floe::testing::relative_l2(o1.data() + h * dv, want.data() + h * dv, dv));
+        err_completed.push_back(floe::testing::relative_l2(o2.data() + h * dv, want.data() + h * dv, dv));
+      }
+      REQUIRE(a.key_bytes + a.value_bytes == b.key_bytes + b.value_bytes);  // no extra KV reads
+      REQUIRE(b.summary_bytes == a.summary_bytes + s2.residual_index.bytes());
     }
-    REQUIRE(a.key_bytes + a.value_bytes == b.key_bytes + b.value_bytes);  // no extra KV reads
-    REQUIRE(b.summary_bytes == a.summary_bytes + s2.residual_index.bytes());
+    const double median_only = floe::testing::median(err_only), median_completed = floe::testing::median(err_completed);
+    INFO("median relative L2 error: selection only " << median_only << ", with feature_map " << median_completed);
+    // The ratio over 200 seeds (centred) is 0.096 +- 0.006, max 0.119; over 60 (shifted)
+    // 0.095 +- 0.007, max 0.116. With the numerators mixed across heads (fixed 2026-11-30)
+    // it was 0.28 +- 0.02 centred and ~9 shifted.
+    REQUIRE(median_completed < 0.2 * median_only);
   }
-  const double median_only = floe::testing::median(err_only), median_completed = floe::testing::median(err_completed);
-  INFO("median relative L2 error: selection only " << median_only << ", with feature_map " << median_completed);
-  REQUIRE(median_completed < 0.5 * median_only);
 }
 
 TEST_CASE("a query of another scale is rescaled to the map's own", "[feature_map]") {

@@ -39,16 +39,22 @@ inline void free_huge_aligned(void* p, std::size_t bytes) {
 }
 }  // namespace detail
 
-template <class T>
+// Whether to advise huge pages: always, unless a policy says otherwise (the benches
+// read an environment variable, to measure the difference).
+struct advise_huge_pages {
+  static bool enabled() { return true; }
+};
+
+template <class T, class Advise = advise_huge_pages>
 struct huge_page_allocator {
   using value_type = T;
   huge_page_allocator() = default;
   template <class U>
-  huge_page_allocator(const huge_page_allocator<U>&) {}
-  T* allocate(std::size_t n) { return static_cast<T*>(detail::allocate_huge_aligned(n * sizeof(T), true)); }
+  huge_page_allocator(const huge_page_allocator<U, Advise>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(detail::allocate_huge_aligned(n * sizeof(T), Advise::enabled())); }
   void deallocate(T* p, std::size_t n) { detail::free_huge_aligned(p, n * sizeof(T)); }
   template <class U>
-  bool operator==(const huge_page_allocator<U>&) const { return true; }
+  bool operator==(const huge_page_allocator<U, Advise>&) const { return true; }
 };
 
 }  // namespace floe
