@@ -24,13 +24,7 @@
 #include "floe/index/widen.hpp"
 #include "floe/residual/feature_maps/gaussian_directions.hpp"
 
-#include <sys/mman.h>
 namespace floe {
-template <class T> struct tmp_huge { using value_type = T; static constexpr std::size_t huge = std::size_t{2} << 20;
-  tmp_huge() = default; template <class U> tmp_huge(const tmp_huge<U>&) {}
-  T* allocate(std::size_t n) { const std::size_t bytes = (n * sizeof(T) + huge - 1) / huge * huge; void* p = std::aligned_alloc(huge, bytes); madvise(p, bytes, MADV_HUGEPAGE); return static_cast<T*>(p); }
-  void deallocate(T* p, std::size_t) { std::free(p); }
-  template <class U> bool operator==(const tmp_huge<U>&) const { return true; } };
 
 // The residual of one query head: D^ = exp(log_ref) * mass, N^ = exp(log_ref) * numerator.
 // `mass` may be negative (the subtraction is unbiased, not positive); callers clamp.
@@ -103,7 +97,10 @@ class feature_map_summary {
   // What one estimate() reads: the summary, and with the cache the features of the exact
   // tokens inside the region.
   std::uint64_t read_bytes(std::span<const token_range> exact) const {
-    const std::uint64_t inside = caching_ ? inside_region(exact).second : 0;
+    std::uint64_t inside = 0;  // counted, not collected: estimate() already clipped the ranges
+    if (caching_)
+      for (const token_range& r : exact)
+        inside += std::min(r.end, region_.end) - std::min(std::max(r.begin, region_.begin), std::min(r.end, region_.end));
     return summary_bytes() + inside * features() * sizeof(bfloat16);
   }
 
