@@ -2,7 +2,9 @@
 // appending equals rebuilding, it completes what Top-K leaves out, extreme scores stay
 // finite, and bad input is refused naming the argument.
 #include <catch2/catch.hpp>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "floe/residual/feature_map.hpp"
@@ -381,6 +383,20 @@ TEST_CASE("feature_map refuses bad input naming the argument", "[feature_map][ba
   floe::partial_set<double> parts(1, dv);
   // Tokens [234, 284) left the tail but were never appended to the summary.
   REQUIRE(arg_of([&] { fm.estimate(early, kv, q, chosen, floe::exec::scalar{}, parts, s); }) == "index");
+  // A cache cut back below the summarised region (it ends at 284): estimate and append
+  // refuse it, for the projected and the cached summary alike.
+  const floe::kv_view<float> cut(data.keys.data(), data.values.data(), 200, d, dv);
+  topk_anchors<exact_scan>::selection cut_chosen;
+  sel.select(sel.build(cut), cut, q, floe::exec::scalar{}, cut_chosen, s);
+  feature_map<positive_random> cached;
+  cached.cache_token_features = true;
+  for (const feature_map<positive_random>* residual : std::array<const feature_map<positive_random>*, 2>{&fm, &cached}) {
+    auto whole = residual->build(kv, sel, {});
+    REQUIRE(arg_of([&] { residual->estimate(whole, cut, q, cut_chosen, floe::exec::scalar{}, parts, s); }) == "kv");
+    const auto region = whole.region();
+    REQUIRE(arg_of([&] { whole.append(cut); }) == "kv");
+    REQUIRE(whole.region() == region);
+  }
   // NaN keys in the region.
   auto bad = data;
   bad.keys[100 * d + 3] = std::nanf("");

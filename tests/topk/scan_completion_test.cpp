@@ -230,6 +230,13 @@ TEST_CASE("scan_completion appends as it rebuilds and refuses bad input", "[topk
   completed<quantized_scan> negative({4, 32, floe::budget::fraction(0.1), {}}, {-1.0});
   REQUIRE(arg_of([&] { (void)negative.build(kv); }) == "value_tier");
   REQUIRE(out == std::vector<double>(dv, -7.0));  // the caller's output untouched
+  // A cache cut back below what the value sum and sketch hold (their region ends at 668).
+  const floe::kv_view<floe::bfloat16> cut(data.keys.data(), data.values.data(), 600, d, dv);
+  auto sums = whole.residual_index.sums;
+  auto sketch_copy = whole.residual_index.sketch;
+  REQUIRE(arg_of([&] { sums.append(cut); }) == "kv");
+  REQUIRE(arg_of([&] { sketch_copy.append(cut); }) == "kv");
+  REQUIRE(sums.sum() == whole.residual_index.sums.sum());  // nothing changed by the refusal
   // page_bounds makes no per-token estimates.
   floe::estimator<topk_anchors<page_bounds>, scan_completion> pages({4, 32, floe::budget::fraction(0.1), {16}}, {});
   REQUIRE(arg_of([&] { pages.decode(pages.build(kv), kv, q, floe::exec::scalar{}, floe::output_group<double>{out.data(), 1, dv, 0}, s); }) == "selection");

@@ -76,8 +76,7 @@ class feature_map_summary {
   // Takes in the tokens that left the tail window since: [end, kv.n() - window).
   template <KvView KV>
   void append(const KV& kv) {
-    require(kv.d() == d_ && kv.dv() == dv_, "kv", "summary built for d = ", d_, ", dv = ", dv_,
-            "; the view has d = ", kv.d(), ", dv = ", kv.dv());
+    check_view(kv);
     if (kv.n() > region_.end + window_) add_tokens(kv, kv.n() - window_);
   }
 
@@ -119,8 +118,7 @@ class feature_map_summary {
   // the region must be exact.
   template <KvView KV>
   std::vector<feature_mass> estimate(const KV& kv, const query_group& q, std::span<const token_range> exact) const {
-    require(kv.d() == d_ && kv.dv() == dv_, "kv", "summary built for d = ", d_, ", dv = ", dv_,
-            "; the view has d = ", kv.d(), ", dv = ", kv.dv());
+    check_view(kv);
     check_covered(exact, {0, region_.begin}, kv.n());
     check_covered(exact, {region_.end, kv.n()}, kv.n());
     const auto [inside, inside_count] = inside_region(exact);
@@ -307,6 +305,16 @@ class feature_map_summary {
       else
         f(keys.topRows(static_cast<Eigen::Index>(rows)), tokens);
     });
+  }
+
+  // The view must have the summary's shape and hold every token it summed (a cache cut
+  // back below the region, as after rejected speculative tokens, needs a rebuild).
+  template <KvView KV>
+  void check_view(const KV& kv) const {
+    require(kv.d() == d_ && kv.dv() == dv_, "kv", "summary built for d = ", d_, ", dv = ", dv_,
+            "; the view has d = ", kv.d(), ", dv = ", kv.dv());
+    require(kv.n() >= region_.end, "kv", "the view holds ", kv.n(), " tokens, fewer than the ", region_.end,
+            " the feature-map summary covers");
   }
 
   static void check_covered(std::span<const token_range> exact, token_range need, index_t n) {
