@@ -47,9 +47,10 @@ class estimator {
     return st;
   }
 
-  // Brings the state up to a cache that grew during decoding (kv is the whole cache, its
-  // first tokens unchanged): each index that keeps per-token summaries appends the new
-  // tokens; indices without append() have nothing to update.
+  // Brings the state up to the cache (kv is the whole cache, its first tokens unchanged):
+  // each index with append() takes in the tokens it grew by, or drops the tokens it was
+  // cut back by (rejected speculative tokens). A summary refuses ("kv") a cut below the
+  // tokens it summed; the tail window is never summed, so a cut within it always works.
   template <KvView KV>
   void append(state& st, const KV& kv) const {
     if constexpr (requires { st.selector_index.append(kv); }) st.selector_index.append(kv);

@@ -127,3 +127,73 @@ TEST_CASE("registry: an unknown method name is an error listing the registered o
   }
   for (const auto& m : methods) CHECK_FALSE(m.description.empty());
 }
+
+namespace {
+// Decodes q over the first n tokens of `data` with `st`; the output rows and the stats.
+template <class Data>
+std::pair<std::vector<float>, stats> decode_prefix(const any_estimator<exec_t>& est, const any_estimator<exec_t>::state& st,
+                                                   const Data& data, index_t n, const query_group& q) {
+  const kv_view<half> kv(data.keys.data(), data.values.data(), n, data.d, data.dv);
+  std::vector<float> out(q.heads * data.dv, -7.f);
+  stats s;
+  est.decode(st, kv, q, exec_t{}, output_group<float>{out.data(), q.heads, data.dv}, s);
+  return {out, s};
+}
+}  // namespace
+
+// Speculative decoding appends draft tokens and cuts the cache back when they are
+// rejected; the tokens then written in their place must be what the state sees once they
+// leave the tail window. The drafts' keys point along the query, so an index that kept
+// them would pick them.
+TEST_CASE("registry: every method follows a cache cut back by rejected speculative tokens", "[eval][registry][append]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(25);
+  const index_t built = 600, drafted = 632, kept = 622, last = 700, d = 32, dv = 16, heads = 2;
+  const auto queries = floe::testing::random_floats(g, heads * d);
+  const query_group q = query_group::make(queries.data(), heads, d);
+  const floe::testing::random_kv<half> accepted(g, last, d, dv);  // the cache's final content
+  auto data = accepted;
+  // Overwrites keys [from, to) of `data` with 4 q_0: scores far above every other key's.
+  auto write_aligned = [&](index_t from, index_t to) {
+    for (index_t i = from; i < to; ++i)
+      for (index_t t = 0; t < d; ++t) data.keys[i * d + t] = half::from_float(4.f * queries[t]);
+  };
+  auto view = [&](index_t n) { return kv_view<half>(data.keys.data(), data.values.data(), n, d, dv); };
+  for (const auto& m : eval::registered_methods<exec_t>()) {
+    INFO("method " << m.name);
+    const auto est = m.make(budget::tokens(48));  // tail windows of 11-12 tokens, more than the 10 rejected (a cut inside a page and a tile)
+    data = accepted;
+    write_aligned(kept, drafted);
+    auto followed = est.build(view(built));
+    est.append(followed, view(drafted));  // drafts appended
+    est.append(followed, view(kept));     // rejected: cut back
+    data = accepted;
+    est.append(followed, view(last));     // accepted tokens in their place, then more
+    auto direct = est.build(view(built));  // the same steps, as if the drafts had been accepted
+    est.append(direct, view(drafted));
+    est.append(direct, view(last));
+    const auto [a, sa] = decode_prefix(est, followed, data, last, q);
+    const auto [b, sb] = decode_prefix(est, direct, data, last, q);
+    CHECK(a == b);
+    CHECK(sa.bytes_read() == sb.bytes_read());
+    CHECK(followed.bytes() == direct.bytes());
+
+    // Cut back below what a summary holds: refused naming the view; indexes that cover
+    // every token (and methods without one) follow it as a fresh build would.
+    const index_t deep = 300, regrown = 400;
+    try {
+      est.append(followed, view(deep));
+    } catch (const floe::invalid_argument& e) {
+      CHECK(e.argument() == "kv");
+      continue;
+    }
+    write_aligned(deep, deep + 8);
+    est.append(followed, view(regrown));
+    auto fresh = est.build(view(deep));
+    est.append(fresh, view(regrown));
+    const auto [c, sc] = decode_prefix(est, followed, data, regrown, q);
+    const auto [f, sf] = decode_prefix(est, fresh, data, regrown, q);
+    CHECK(c == f);
+    CHECK(sc.bytes_read() == sf.bytes_read());
+  }
+}

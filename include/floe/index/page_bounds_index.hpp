@@ -30,11 +30,18 @@ class page_bounds_index {
     return idx;
   }
 
-  // Takes in tokens [tokens(), kv.n()): widens the last page, then opens new ones.
+  // Takes in tokens [tokens(), kv.n()): widens the last page, then opens new ones. A view
+  // shorter than the index (a cache cut back) drops the pages from its last one on, which
+  // is bounded again from the view's tokens: the index equals a build on the view.
   template <KvView KV>
   void append(const KV& kv) {
     require(kv.d() == d_, "kv", "index built for d = ", d_, ", the view has d = ", kv.d());
-    require(kv.n() >= n_, "kv", "the view holds ", kv.n(), " tokens, fewer than the ", n_, " the index covers");
+    if (kv.n() < n_) {
+      const index_t keep = kv.n() / page_;
+      lo_.resize(keep * d_);
+      hi_.resize(keep * d_);
+      n_ = keep * page_;
+    }
     const index_t pages = (kv.n() + page_ - 1) / page_;
     lo_.resize(pages * d_, half::from_bits(0x7c00u));  // +inf: empty
     hi_.resize(pages * d_, half::from_bits(0xfc00u));  // -inf: empty

@@ -38,11 +38,17 @@ class quantized_keys {
     return idx;
   }
 
-  // Quantises the tokens [tokens(), kv.n()) of a cache that grew by decoding.
+  // Brings the index to the cache: quantises tokens [tokens(), kv.n()) of a cache that grew
+  // by decoding, or drops tokens [kv.n(), tokens()) of one cut back (rejected speculative
+  // tokens), so that it equals a build on the view either way.
   template <KvView KV>
   void append(const KV& kv) {
     require(kv.d() == d_, "kv", "index built for d = ", d_, ", the view has d = ", kv.d());
-    require(kv.n() >= n_, "kv", "the view holds ", kv.n(), " tokens, fewer than the ", n_, " the index covers");
+    if (kv.n() < n_) {  // cleared from the view's last tile on, which is quantised again below
+      const index_t keep = kv.n() / tile_tokens;
+      tiles_.resize(keep * tile_halves());
+      n_ = keep * tile_tokens;
+    }
     const index_t tiles = (kv.n() + tile_tokens - 1) / tile_tokens;
     tiles_.resize(tiles * tile_halves(), half{});
     std::vector<float> row(blocks_ * block_dims, 0.f);
