@@ -56,7 +56,7 @@ std::vector<method_entry<E>> registered_methods() {
       method<E>("oracle_topk", "exact top-K by true attention weight (GQA group sum); selection only; scans every key",
                 [](budget b, index_t n) { return estimator<sel::oracle_topk, res::none>{{b.resolve(n)}, {}}; }),
       method<E>("mog", "MoG: ~sqrt(N) key clusters, ~ln N subclusters; best subclusters exact, the rest from Gaussian moments", [](budget b, index_t n) { return estimator<sel::mog_clusters, res::gaussian_moments>{sel::mog_clusters::with_budget(b, n), {}}; }),
-      method<E>("mog:lean_outliers", "mog with exact outliers for at most 10 % of the budget instead of half: lower p90 on the SmolLM2 dumps, higher perplexity at 8K (docs/methods/mog.md, \"Outlier share\")", [](budget b, index_t n) { return estimator<sel::mog_clusters, res::gaussian_moments>{sel::mog_clusters::with_budget(b, n, sel::mog_clusters::lean_outlier_share), {}}; }),
+      method<E>("mog:lean_outliers", "mog with exact outliers for at most 10 % of the budget instead of half: lower p90 on the SmolLM2 dumps, higher perplexity at 8K (docs/log/mog.md, \"Outlier share\")", [](budget b, index_t n) { return estimator<sel::mog_clusters, res::gaussian_moments>{sel::mog_clusters::with_budget(b, n, sel::mog_clusters::lean_outlier_share), {}}; }),
       method<E>("mog_clusters+none", "MoG's selection with the residual dropped (ablation of mog)", [](budget b, index_t n) { return estimator<sel::mog_clusters, res::none>{sel::mog_clusters::with_budget(b, n), {}}; }),
       // Retrieval-completion (docs/methods/retrieval-completion.md): 4 sinks, a window of min(64, k/4), Top-K of the middle.
       method<E>("topk_anchors:exact_scan+none", "sink + tail + exact Top-K of the middle (scans every key); selection only",

@@ -89,7 +89,7 @@ index
                          errors reported on the first half only
   --ridge R              ridge of that metric (fraction of the mean eigenvalue, default 0.1)
   --key-metric           experiment: the keys themselves as the metric sample
-append (docs/methods/mog.md, "Appending 4096 tokens")
+append (docs/log/mog.md, "Appending 4096 tokens")
   --append A             build on n - A tokens, append the last A, compare with a fresh build
   --join-sigma S, --split-factor F, --segment-growth G   append's thresholds
 output

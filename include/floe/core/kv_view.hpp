@@ -125,4 +125,10 @@ concept KvView = KvElement<typename V::element_type> && requires(const V& v, ind
   { v.value_row(i) } -> std::same_as<const typename V::element_type*>;
 };
 
+// An index or summary over the first `covered` tokens refuses a view cut back below
+// them ("kv"): what it summed is no longer in the cache.
+inline void require_view_covers(index_t held, index_t covered, const char* what) {
+  require(held >= covered, "kv", "the view holds ", held, " tokens, fewer than the ", covered, " ", what, " covers");
+}
+
 }  // namespace floe

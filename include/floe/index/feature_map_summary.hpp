@@ -98,8 +98,10 @@ class feature_map_summary {
   std::uint64_t read_bytes(std::span<const token_range> exact) const {
     std::uint64_t inside = 0;  // counted, not collected: estimate() already clipped the ranges
     if (caching_)
-      for (const token_range& r : exact)
-        inside += std::min(r.end, region_.end) - std::min(std::max(r.begin, region_.begin), std::min(r.end, region_.end));
+      for (const token_range& r : exact) {
+        const index_t begin = std::max(r.begin, region_.begin), end = std::min(r.end, region_.end);
+        if (begin < end) inside += end - begin;
+      }
     return summary_bytes() + inside * features() * sizeof(bfloat16);
   }
 
@@ -313,8 +315,7 @@ class feature_map_summary {
   void check_view(const KV& kv) const {
     require(kv.d() == d_ && kv.dv() == dv_, "kv", "summary built for d = ", d_, ", dv = ", dv_,
             "; the view has d = ", kv.d(), ", dv = ", kv.dv());
-    require(kv.n() >= region_.end, "kv", "the view holds ", kv.n(), " tokens, fewer than the ", region_.end,
-            " the feature-map summary covers");
+    require_view_covers(kv.n(), region_.end, "the feature-map summary");
   }
 
   static void check_covered(std::span<const token_range> exact, token_range need, index_t n) {

@@ -54,7 +54,7 @@ struct mog_config {
   // dimensions j and j + d/2, as Llama's). Catches keys out in one band (a salient token)
   // that the all-dimension distance dilutes. 0: off. Not applied with a query-sample metric
   // (its dimensions are not RoPE pairs). 8 measured best of 4 / 8 / 16 on the synthetic
-  // cache with disjoint bands (docs/methods/mog.md, "Outliers by band"); the overlapping
+  // cache with disjoint bands (docs/log/mog.md, "Outliers by band"); the overlapping
   // windows lowered p90 further ("Overlapping windows and sigma clipping").
   index_t outlier_bands = 8;
   // Passes of sigma clipping in each cluster's outlier test: the moments again without the
@@ -67,7 +67,7 @@ struct mog_config {
   // cache spread evenly over it; at the default scale 1/sqrt(d)), of the group's true
   // log-mass above log n + s q.mu to the Gaussian's s^2/2 sum q_t^2 var_t, clamped to [0, 1].
   // Real keys have lighter tails than a Gaussian in the directions queries score them by
-  // (docs/methods/mog.md, "Fitted variance term"). 0: off (the Gaussian's term as is).
+  // (docs/log/mog.md, "Fitted variance term"). 0: off (the Gaussian's term as is).
   index_t variance_fit_probes = 64;
   bool cross_covariance = false;  // keep Cov(v, k) per cluster: dv x d floats each
   std::uint64_t seed = 0x6d6f67;
@@ -209,7 +209,7 @@ class mog_index {
   void append(const KV& kv, const parallel_for_fn& parallel_for = serial_for) {
     require(kv.d() == d_ && kv.dv() == dv_, "kv", "index built for d = ", d_, ", dv = ", dv_, "; the view has d = ",
             kv.d(), ", dv = ", kv.dv());
-    require(kv.n() >= n_, "kv", "the view holds ", kv.n(), " tokens, fewer than the ", n_, " the index covers");
+    require_view_covers(kv.n(), n_, "the index");
     const index_t first = n_, waiting = kv.n() - n_;
     if (waiting <= cfg_.window || waiting - cfg_.window < std::max<index_t>(cfg_.tail_capacity, 1)) return;
     if (clusters_ == 0) return rebuild(kv, parallel_for);
@@ -502,7 +502,7 @@ class mog_index {
   // of the members (robust to the outliers themselves), is a chi-square(p) statistic. It is
   // mapped to the chi-square(d) value of the same tail probability (Wilson-Hilferty), so that
   // one threshold and one farthest-first ranking serve both tests; the larger counts.
-  // Opt-in: measured mixed (docs/methods/mog.md, "A test for concentrated deviations").
+  // Opt-in: measured mixed (docs/log/mog.md, "A test for concentrated deviations").
   void concentrated_deviations(const row_matrix& keys, const std::vector<std::vector<std::uint32_t>>& in_cluster,
                                const std::vector<spread_of_cluster>& spreads, const parallel_for_fn& parallel_for,
                                std::vector<float>& mahalanobis) const {

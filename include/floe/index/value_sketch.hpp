@@ -65,8 +65,7 @@ class value_sketch {
   void append(const KV& kv) {
     if (rank_ == 0) return;
     require(kv.dv() == dv_, "kv", "value sketch built for dv = ", dv_, "; the view has dv = ", kv.dv());
-    require(kv.n() >= region_.end, "kv", "the view holds ", kv.n(), " tokens, fewer than the ", region_.end,
-            " the value sketch covers");
+    require_view_covers(kv.n(), region_.end, "the value sketch");
     if (kv.n() > region_.end + window_) add_rows(kv, kv.n() - window_);
   }
 

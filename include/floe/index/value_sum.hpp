@@ -34,8 +34,7 @@ class value_sum {
   template <KvView KV>
   void append(const KV& kv) {
     require(kv.dv() == dv_, "kv", "value sum built for dv = ", dv_, "; the view has dv = ", kv.dv());
-    require(kv.n() >= region_.end, "kv", "the view holds ", kv.n(), " tokens, fewer than the ", region_.end,
-            " the value sum covers");
+    require_view_covers(kv.n(), region_.end, "the value sum");
     if (kv.n() > region_.end + window_) add_rows(kv, kv.n() - window_);
   }
 

@@ -43,7 +43,7 @@ struct mog_clusters {
   // Multiplies the variance term of every estimate (and priority), on top of each group's
   // fitted factor: 1 keeps it. Measured before that fit existed: 0.5 cut p90 at 5-10 % by up
   // to half on the SmolLM2 dumps and doubled it on the Gaussian-built synthetic cache
-  // (docs/methods/mog.md, "Tempering the variance term"); the fit does this per group.
+  // (docs/log/mog.md, "Outliers by band, and tempering the variance term"); the fit does this per group.
   double variance_scale = 1.0;
   bool maximin = false;   // GQA: rank groups by the largest estimated share of any head; true: heads take turns (maximin)
 
@@ -51,7 +51,7 @@ struct mog_clusters {
   // window of 64 exact tokens, each shrunk so that together they use at most a quarter of
   // it, and exact outliers for at most `share` of it (and 2 % of n). The synthetic cache
   // needs 0.5; 0.1 lowers p90 on the SmolLM2 dumps but raises perplexity at 8K
-  // (docs/methods/mog.md, "Outlier share").
+  // (docs/log/mog.md, "Outlier share").
   static constexpr double outlier_share = 0.5;
   static constexpr double lean_outlier_share = 0.1;
   static mog_clusters with_budget(budget b, index_t n, double share = outlier_share) {
@@ -80,7 +80,7 @@ struct mog_clusters {
     require(kv.d() == idx.d() && kv.dv() == idx.dv(), "index", "built for d = ", idx.d(), ", dv = ", idx.dv(),
             "; the view has d = ", kv.d(), ", dv = ", kv.dv());
     const index_t n = kv.n(), tail_begin = idx.tokens();
-    require(n >= tail_begin, "kv", "the view holds ", n, " tokens, fewer than the ", tail_begin, " the index covers");
+    require_view_covers(n, tail_begin, "the index");
     const index_t b = limit.resolve(n);  // for top-p: the cap
     const bool by_mass = limit.kind == budget::unit::mass;
     if (idx.clusters() == 0 || (by_mass ? limit.value >= 1.0 : b >= n)) {  // all exact: dense attention
