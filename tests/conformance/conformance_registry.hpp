@@ -2,6 +2,7 @@
 // every executor. Adding a policy or executor to floe means adding one line here.
 #pragma once
 
+#include <algorithm>
 #include <tuple>
 
 #include "floe/floe.hpp"
@@ -28,6 +29,25 @@ inline auto full_budget_estimators() {
   };
 }
 
-inline auto executors() { return std::tuple{exec::scalar{}}; }
+// Factories: n -> the same kinds of composition reading about a tenth of n exactly, so
+// that the selection and the residual matter when executors are compared.
+inline auto partial_budget_estimators() {
+  const auto k = [](index_t n) { return std::max<index_t>(1, n / 10); };
+  using by_4bit = select::topk_anchors<select::quantized_scan>;
+  using by_scan = select::topk_anchors<select::exact_scan>;
+  using by_page = select::topk_anchors<select::page_bounds>;
+  return std::tuple{
+      [=](index_t n) { return estimator<select::streaming, residual::none>(select::streaming::with_budget(k(n)), {}); },
+      [=](index_t n) { return estimator<select::oracle_topk, residual::none>({k(n)}, {}); },
+      [](index_t n) { return estimator<select::mog_clusters, residual::gaussian_moments>(select::mog_clusters::with_budget(budget::fraction(0.1), n), {}); },
+      [](index_t n) { return estimator<select::mog_clusters, residual::none>(select::mog_clusters::with_budget(budget::fraction(0.1), n), {}); },
+      [=](index_t n) { return estimator<by_scan, residual::feature_map<>>(by_scan::with_budget(k(n)), {}); },
+      [=](index_t n) { return estimator<by_4bit, residual::feature_map<>>(by_4bit::with_budget(k(n)), {{}, 0.f, true}); },
+      [=](index_t n) { return estimator<by_4bit, residual::scan_completion>(by_4bit::with_budget(k(n)), {}); },
+      [=](index_t n) { return estimator<by_page, residual::feature_map<>>(by_page::with_budget(k(n)), {}); },
+  };
+}
+
+inline auto executors() { return std::tuple{exec::scalar{}, exec::simd{}}; }
 
 }  // namespace floe::conformance
