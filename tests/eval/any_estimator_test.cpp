@@ -3,10 +3,13 @@
 // at a full budget is dense attention.
 #include <catch2/catch.hpp>
 
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "floe/any_estimator.hpp"
 #include "floe/exec/scalar.hpp"
+#include "floe/exec/simd.hpp"
 #include "method_registry.hpp"
 #include "support/random_kv.hpp"
 
@@ -196,4 +199,47 @@ TEST_CASE("registry: every method follows a cache cut back by rejected speculati
     CHECK(c == f);
     CHECK(sc.bytes_read() == sf.bytes_read());
   }
+}
+
+// An engine decodes its (layer, KV head) pairs from its own threads, with one estimator
+// object. Decoding must then read shared states only: several threads decoding every
+// head at once (in different orders) give, bit for bit, what one thread gives.
+TEST_CASE("registry: every method decodes from several threads at once as from one", "[eval][registry][threads]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(26);
+  const index_t n = 1500, d = 32, dv = 16, g_heads = 2, kv_heads = 5, threads = 4;
+  std::vector<floe::testing::random_kv<half>> caches;
+  for (index_t h = 0; h < kv_heads; ++h) caches.emplace_back(g, n - 37 * h, d, dv);
+  const auto queries = floe::testing::random_floats(g, kv_heads * g_heads * d, 2.f);
+  auto q = [&](index_t h) { return query_group::make(queries.data() + h * g_heads * d, g_heads, d); };
+  auto run_all = [&](const auto& exec) {
+    using E = std::remove_cvref_t<decltype(exec)>;
+    for (const auto& m : eval::registered_methods<E>()) {
+      INFO("method " << m.name << " on " << E::name);
+      const auto est = m.make(budget::fraction(0.08));
+      std::vector<decltype(est.build(caches[0].view()))> states;
+      for (const auto& c : caches) states.push_back(est.build(c.view()));
+      std::vector<float> serial(kv_heads * g_heads * dv);
+      for (index_t h = 0; h < kv_heads; ++h) {
+        stats st;
+        est.decode(states[h], caches[h].view(), q(h), exec, output_group<float>{serial.data() + h * g_heads * dv, g_heads, dv}, st);
+      }
+      std::vector<std::vector<float>> parallel(threads, std::vector<float>(serial.size(), -7.f));
+      std::vector<std::thread> pool;
+      for (index_t t = 0; t < threads; ++t)
+        pool.emplace_back([&, t] {
+          for (index_t round = 0; round < 3; ++round)
+            for (index_t i = 0; i < kv_heads; ++i) {
+              const index_t h = (i * (t + 1) + t + round) % kv_heads;  // every head, in another order per thread
+              stats st;
+              est.decode(states[h], caches[h].view(), q(h), exec,
+                         output_group<float>{parallel[t].data() + h * g_heads * dv, g_heads, dv}, st);
+            }
+        });
+      for (auto& th : pool) th.join();
+      for (index_t t = 0; t < threads; ++t) REQUIRE(parallel[t] == serial);
+    }
+  };
+  run_all(exec_t{});
+  run_all(floe::exec::simd{});
 }
