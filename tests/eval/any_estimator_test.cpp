@@ -10,6 +10,7 @@
 #include "floe/any_estimator.hpp"
 #include "floe/exec/scalar.hpp"
 #include "floe/exec/simd.hpp"
+#include "floe/exec/thread_pool.hpp"
 #include "method_registry.hpp"
 #include "support/random_kv.hpp"
 
@@ -242,4 +243,6 @@ TEST_CASE("registry: every method decodes from several threads at once as from o
   };
   run_all(exec_t{});
   run_all(floe::exec::simd{});
+  floe::thread_pool shared(2);  // one pool for every caller (it takes one caller's job at a time), split-K on
+  run_all(floe::exec::simd({floe::simd_arch::automatic, shared.hook(), 2, 256}));
 }
