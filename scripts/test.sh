@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite: release build + tests, then the AddressSanitizer/UBSan debug
-# build + tests. Installs what is missing first. Usage: bash scripts/test.sh
+# build + tests, then ThreadSanitizer over the threaded tests. Installs what is missing
+# first. Usage: bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
-for preset in release debug-asan; do
+# tsan: ThreadSanitizer over the tests that run threads (SIMD executor, thread pool,
+# concurrent decodes of every registered method, conformance with split-K).
+for preset in release debug-asan tsan; do
   echo "== floe: $preset: configure, build, test" >&2
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "$jobs"
