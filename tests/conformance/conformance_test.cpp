@@ -1,13 +1,14 @@
 // Shared checks every selector, residual and executor passes: with a full budget an
 // estimator equals dense attention; stats count every token once; bad input is rejected
-// before any output is written; at a partial budget every executor gives what the scalar
-// reference gives.
+// before any output is written; at a partial budget every executor (each SIMD
+// architecture the CPU runs) gives what the scalar reference gives.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 
 #include "conformance/conformance_registry.hpp"
+#include "exec/simd_test_support.hpp"
 #include "support/random_kv.hpp"
 
 namespace {
@@ -118,19 +119,22 @@ void run_partial(std::uint64_t salt) {
   INFO("seed " << floe::testing::seed() << " type " << floe::element_name<T>());
   auto g = floe::testing::rng(salt);
   floe::thread_pool pool(2);
-  const floe::exec::simd split({floe::simd_arch::automatic, pool.hook(), 2, 256});  // split-K over 2 threads
-  for (auto [n, block] : {std::pair<std::size_t, std::size_t>{300, 0}, {3000, 0}, {2000, 16}}) {
-    floe::testing::random_kv<T> data(g, n, 64, 48, 2, block, 2.f);
-    INFO("n " << n << " block " << block);
-    std::apply(
-        [&](const auto&... make) {
-          auto one = [&](const auto& mk, const auto& exec) {
-            if (data.paged()) check_against_reference(mk, exec, data.paged_view(), g);
-            else check_against_reference(mk, exec, data.view(), g);
-          };
-          ((one(make, floe::exec::simd{}), one(make, split)), ...);
-        },
-        floe::conformance::partial_budget_estimators());
+  for (const floe::simd_arch arch : floe::testing::runnable_archs()) {
+    INFO("arch " << floe::simd_arch_name(arch));
+    const floe::exec::simd serial({arch}), split({arch, pool.hook(), 2, 256});  // split-K over 2 threads
+    for (auto [n, block] : {std::pair<std::size_t, std::size_t>{300, 0}, {3000, 0}, {2000, 16}}) {
+      floe::testing::random_kv<T> data(g, n, 64, 48, 2, block, 2.f);
+      INFO("n " << n << " block " << block);
+      std::apply(
+          [&](const auto&... make) {
+            auto one = [&](const auto& mk, const auto& exec) {
+              if (data.paged()) check_against_reference(mk, exec, data.paged_view(), g);
+              else check_against_reference(mk, exec, data.view(), g);
+            };
+            ((one(make, serial), one(make, split)), ...);
+          },
+          floe::conformance::partial_budget_estimators());
+    }
   }
 }
 
