@@ -1,0 +1,187 @@
+// Decode attention speed of floe::exec::cuda, dense, gathered (64-token ranges covering
+// 5 % of N) and paged (16-token blocks), as bytes read per second and as a fraction of
+// the device's read bandwidth measured in the same run by a streaming-read kernel.
+// Each iteration is one whole call (host planning, upload, kernels, synchronize), on KV
+// copies rotated so that the working set is several times the L2 cache.
+//
+//   floe_cuda_decode_bench [--benchmark_format=json] [--benchmark_filter=...]
+//   FLOE_CUDA_CHUNK=1024   tokens per thread block (cuda_options::chunk_tokens; default automatic)
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "floe/exec/cuda.hpp"
+
+namespace {
+
+using floe::index_t;
+using floe::token_range;
+
+void check(cudaError_t e) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CUDA: %s\n", cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// Read bandwidth: every 16-byte word of a buffer far larger than L2 read once.
+__global__ void stream_read(const uint4* p, std::size_t words, unsigned* sink) {
+  unsigned x = 0;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < words; i += std::size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = p[i];
+    x ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (x == 0x9e3779b9u) *sink = x;  // keeps the loads
+}
+
+double measured_read_gbps() {
+  static const double gbps = [] {
+    const std::size_t bytes = std::size_t(4) << 30, words = bytes / 16;
+    uint4* p;
+    unsigned* sink;
+    check(cudaMalloc(&p, bytes));
+    check(cudaMalloc(&sink, 4));
+    check(cudaMemset(p, 1, bytes));
+    int sms = 0;
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    std::vector<float> ms;
+    for (int rep = 0; rep < 7; ++rep) {
+      cudaEventRecord(a);
+      stream_read<<<sms * 8, 512>>>(p, words, sink);
+      cudaEventRecord(b);
+      check(cudaEventSynchronize(b));
+      float t;
+      cudaEventElapsedTime(&t, a, b);
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaFree(p);
+    cudaFree(sink);
+    const double g = bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
+    std::fprintf(stderr, "floe: device read bandwidth %.0f GB/s (4 GiB streaming read, median of 7)\n", g);
+    return g;
+  }();
+  return gbps;
+}
+
+enum class access { dense, gathered, paged16 };
+
+template <class T>
+void decode_case(benchmark::State& state, access how, index_t d, index_t hq, index_t hkv) {
+  const index_t n = static_cast<index_t>(state.range(0)), batch = static_cast<index_t>(state.range(1));
+  const floe::gqa_shape shape{hq, hkv};
+  const std::size_t heads = batch * hkv, head_elems = n * d;
+  const std::size_t step_bytes = heads * head_elems * 2 * sizeof(T);
+  const std::size_t copies = std::max<std::size_t>(1, (std::size_t(512) << 20) / step_bytes);
+  T* kv;
+  check(cudaMalloc(&kv, copies * step_bytes));
+  check(cudaMemset(kv, 0x3c, copies * step_bytes));  // finite values (0x3c3c: 1.06 in fp16, 0.0115 in bf16)
+  float *q, *out;
+  check(cudaMalloc(&q, batch * hq * d * sizeof(float)));
+  check(cudaMalloc(&out, batch * hq * d * sizeof(float)));
+  check(cudaMemset(q, 0, batch * hq * d * sizeof(float)));
+  const index_t blocks = (n + 15) / 16;
+  std::vector<std::int32_t> table(blocks);
+  for (index_t b = 0; b < blocks; ++b) table[b] = static_cast<std::int32_t>(b);
+  std::mt19937_64 g(7);
+  std::shuffle(table.begin(), table.end(), g);
+  // Per copy: the views of its heads; gathered selections are 64-token ranges at random
+  // 64-aligned places, 5 % of N.
+  std::vector<std::vector<floe::kv_view<T>>> views(copies * batch);
+  std::vector<std::vector<floe::paged_kv_view<T>>> paged(copies * batch);
+  for (std::size_t c = 0; c < copies; ++c)
+    for (index_t s = 0; s < batch; ++s)
+      for (index_t h = 0; h < hkv; ++h) {
+        const T* base = kv + (c * heads + s * hkv + h) * head_elems * 2;
+        views[c * batch + s].emplace_back(base, base + head_elems, n, d, d);
+        paged[c * batch + s].emplace_back(base, base + head_elems, blocks, 16, table, n, d, d);
+      }
+  std::vector<std::vector<token_range>> exact(heads);
+  const index_t ranges = std::max<index_t>(1, n / 20 / 64);
+  for (auto& e : exact) {
+    std::vector<index_t> starts(n / 64);
+    for (index_t i = 0; i < starts.size(); ++i) starts[i] = i * 64;
+    std::shuffle(starts.begin(), starts.end(), g);
+    starts.resize(ranges);
+    std::sort(starts.begin(), starts.end());
+    for (index_t st : starts) e.push_back({st, st + 64});
+  }
+  const char* chunk = std::getenv("FLOE_CUDA_CHUNK");
+  const floe::exec::cuda ex({0, chunk ? static_cast<index_t>(std::strtoull(chunk, nullptr, 10)) : 0});
+  const float scale = 1.f / std::sqrt(float(d));
+  index_t tokens = how == access::gathered ? ranges * 64 : n;
+  std::size_t c = 0;
+  auto one = [&] {
+    if (how == access::paged16) {
+      std::vector<floe::sequence<floe::paged_kv_view<T>>> seqs;
+      for (index_t s = 0; s < batch; ++s) seqs.push_back({paged[c * batch + s], q + s * hq * d, out + s * hq * d});
+      ex.decode<floe::paged_kv_view<T>>(seqs, shape, scale);
+    } else {
+      std::vector<floe::sequence<floe::kv_view<T>>> seqs;
+      for (index_t s = 0; s < batch; ++s) seqs.push_back({views[c * batch + s], q + s * hq * d, out + s * hq * d});
+      if (how == access::dense) ex.decode<floe::kv_view<T>>(seqs, shape, scale);
+      else ex.decode_gathered<floe::kv_view<T>>(seqs, shape, scale, exact);
+    }
+    c = (c + 1) % copies;
+  };
+  one();  // warm-up: allocator pool, first launches
+  for (auto _ : state) one();
+  const double bytes = double(heads) * tokens * d * 2 * sizeof(T);
+  state.counters["bytes"] = bytes;
+  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["device_read_GB/s"] = measured_read_gbps();
+  state.counters["bw_fraction"] = benchmark::Counter(bytes * 1e-9 / measured_read_gbps(), benchmark::Counter::kIsIterationInvariantRate);
+  cudaFree(kv);
+  cudaFree(q);
+  cudaFree(out);
+}
+
+template <class... Parts>
+std::string join(const Parts&... parts) {
+  std::ostringstream o;
+  (o << ... << parts);
+  return o.str();
+}
+
+template <class T>
+void register_type(const char* type) {
+  struct shape {
+    index_t d, hq, hkv;
+  };
+  for (shape s : {shape{128, 32, 8}, shape{64, 9, 3}})
+    for (auto [how, label] : {std::pair{access::dense, "dense"}, {access::gathered, "gathered"}, {access::paged16, "paged16"}}) {
+      auto* b = benchmark::RegisterBenchmark(join("cuda/", label, "/", type, "/d", s.d, "_hq", s.hq, "_hkv", s.hkv).c_str(),
+                                             [=](benchmark::State& st) { decode_case<T>(st, how, s.d, s.hq, s.hkv); });
+      b->ArgNames({"N", "batch"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+      for (std::int64_t n : {4096, 32768, 131072})
+        for (std::int64_t batch : {1, 8}) b->Args({n, batch});
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!floe::exec::cuda::available()) {
+    std::fprintf(stderr, "floe: no CUDA device; nothing to measure\n");
+    return 1;
+  }
+  register_type<floe::half>("f16");
+  register_type<floe::bfloat16>("bf16");
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  measured_read_gbps();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,352 @@
+// floe::exec::cuda — the CUDA executor: the Executor concept (score, attend) and batch
+// decode (decode, decode_gathered) on an NVIDIA GPU, fp32 accumulation and online softmax
+// over fp32 / fp16 / bf16 KV, one read of each row for all query heads of a GQA group
+// (up to 8 a pass), split over the N axis in chunks merged per group. Views must point to
+// memory the device can read: cudaMalloc'd memory, or host memory registered with
+// cudaHostRegister (the estimators' selectors also read keys on the host; registered or
+// managed memory serves both). The kernels are compiled into floe::cuda (link it).
+// docs/cuda-executor.md.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "floe/core/batch.hpp"
+#include "floe/core/concepts.hpp"
+#include "floe/exec/cuda/kernel_api.hpp"
+#include "floe/exec/simd/work_split.hpp"
+
+namespace floe::exec {
+
+struct cuda_options {
+  int device = 0;
+  // Rows one thread block reads (a group of n rows runs as n / chunk_tokens blocks whose
+  // partials are merged); 0: chosen per call from the work and the multiprocessor count.
+  index_t chunk_tokens = 0;
+};
+
+class cuda {
+ public:
+  using accumulator = float;
+  static constexpr std::string_view name = "cuda";
+
+  // True when a CUDA device and driver are present.
+  static bool available() { return cuda_detail::device_count() > 0; }
+
+  cuda() : cuda(cuda_options{}) {}
+  explicit cuda(cuda_options options) : opt_(options) {
+    require(opt_.chunk_tokens <= (index_t{1} << 20), "chunk_tokens", "must be at most 2^20 (0: automatic), got ",
+            opt_.chunk_tokens);
+    const int devices = cuda_detail::device_count();
+    if (devices == 0) throw cuda_error("no CUDA device is available");
+    require(opt_.device >= 0 && opt_.device < devices, "device", "device ", opt_.device, " of ", devices);
+    multiprocessors_ = cuda_detail::multiprocessors(opt_.device);
+  }
+
+  const cuda_options& options() const { return opt_; }
+
+  // z[i - r.begin] = scale * q_head . k_i for i in r (z is host memory).
+  template <KvView KV>
+  void score(const KV& kv, const query_group& q, index_t head, token_range r, float* z) const {
+    validate_query(q, kv.d());
+    require_row_width(kv);
+    require(head < q.heads, "head", "head ", head, " of a group of ", q.heads, " query heads");
+    require(r.begin <= r.end && r.end <= kv.n(), "range", "[", r.begin, ", ", r.end, ") is not inside [0, ",
+            kv.n(), ")");
+    if (r.begin == r.end) return;
+    require(z != nullptr, "z", "null pointer");
+    cuda_detail::select_device(opt_.device);
+    plan p(chunk_tokens_for(r.size()));
+    const auto [desc, at] = host_query(p, q, head, 1);
+    p.add_group(kv, std::span<const token_range>(&r, 1), desc, nullptr, 0, at);
+    device_block mem(p.device_bytes(r.size()));
+    p.upload(mem);
+    cuda_detail::launch_score(element_of<KV>(), row_of(kv), p.runs_on(mem), p.chunks_on(mem),
+                              static_cast<int>(p.chunks.size()), p.groups_on(mem), p.results_on(mem));
+    cuda_detail::to_host(z, p.results_on(mem), r.size() * sizeof(float));
+    cuda_detail::synchronize();
+  }
+
+  // Merges the exact partial over `ranges` of every query head of the group into `out`.
+  template <KvView KV>
+  void attend(const KV& kv, const query_group& q, std::span<const token_range> ranges, partial_set<float>& out) const {
+    validate_query(q, kv.d());
+    require_row_width(kv);
+    require(out.heads() == q.heads, "partial.heads", out.heads(), " partials for ", q.heads, " query heads");
+    require(out.dv() == kv.dv(), "partial.dv", "partial of dv ", out.dv(), " for values of dv ", kv.dv());
+    const index_t tokens = simd_detail::checked_token_count(ranges, kv.n());
+    if (tokens == 0) return;
+    const int pass = cuda_detail::heads_per_pass(row_of(kv));
+    cuda_detail::select_device(opt_.device);
+    plan p(chunk_tokens_for(tokens * ((q.heads + pass - 1) / pass)));
+    for (index_t h0 = 0; h0 < q.heads; h0 += index_t(pass)) {
+      const auto [desc, at] = host_query(p, q, h0, std::min<index_t>(pass, q.heads - h0));
+      p.add_group(kv, ranges, desc, nullptr, 0, at);
+    }
+    const int hp = pass_template(p.max_heads);
+    const std::size_t per_group = std::size_t(hp) * (2 + kv.dv());
+    device_block mem(p.device_bytes(p.groups.size() * per_group, hp * (2 + kv.dv())));
+    p.upload(mem);
+    launch<KV>(p, mem, row_of(kv), hp, true);
+    std::vector<float> res(p.groups.size() * per_group);
+    cuda_detail::to_host(res.data(), p.results_on(mem), res.size() * sizeof(float));
+    cuda_detail::synchronize();
+    for (std::size_t gi = 0; gi < p.groups.size(); ++gi) {
+      const float* r = res.data() + gi * per_group;
+      for (int h = 0; h < p.groups[gi].heads; ++h)
+        out.merge(gi * pass + h, r[h], r[hp + h], r + 2 * hp + std::size_t(h) * kv.dv());
+    }
+  }
+
+  // Dense decode of a batch whose queries, outputs and KV are on the device: every query
+  // head attends to all tokens of its sequence. Returns when the outputs are written.
+  template <KvView KV>
+  void decode(std::span<const sequence<KV>> batch, gqa_shape shape, float scale) const {
+    run_batch(batch, shape, scale, [](index_t, const KV& kv) { return std::vector<token_range>{{0, kv.n()}}; });
+  }
+
+  // Gathered decode: group s * Hkv + h attends to exact[s * Hkv + h] only (sorted,
+  // disjoint ranges; empty gives zeros).
+  template <KvView KV>
+  void decode_gathered(std::span<const sequence<KV>> batch, gqa_shape shape, float scale,
+                       std::span<const std::vector<token_range>> exact) const {
+    shape.validate();
+    require(exact.size() == batch.size() * shape.kv_heads, "exact", exact.size(), " range lists for ",
+            batch.size(), " sequences of ", shape.kv_heads, " KV heads");
+    run_batch(batch, shape, scale, [&](index_t group, const KV&) { return exact[group]; });
+  }
+
+ private:
+  // One device allocation (stream-ordered), freed when the call returns or throws.
+  struct device_block {
+    explicit device_block(std::size_t bytes) : p(static_cast<char*>(cuda_detail::device_alloc(bytes))) {}
+    ~device_block() { cuda_detail::device_free(p); }
+    device_block(const device_block&) = delete;
+    device_block& operator=(const device_block&) = delete;
+    char* p;
+  };
+
+  // The runs, chunks and groups of one launch, built on the host and uploaded at once,
+  // with the host queries they need; laid out in one device block followed by the
+  // chunk partials and the results.
+  struct plan {
+    explicit plan(std::int32_t chunk_tokens) : cap(chunk_tokens) {}
+    std::int32_t cap;
+    std::vector<cuda_detail::run> runs;
+    std::vector<cuda_detail::chunk> chunks;
+    std::vector<cuda_detail::group_desc> groups;
+    std::vector<float> queries;           // host queries, copied up with the plan
+    std::vector<std::size_t> query_of;    // per group: offset into `queries`, or npos
+    int max_heads = 1, max_dv = 1;
+    bool all_aligned = true;
+    std::size_t work_floats = 0, result_floats = 0;
+
+    static constexpr std::size_t npos = ~std::size_t{0};
+    static std::size_t up(std::size_t b) { return (b + 255) / 256 * 256; }
+    std::size_t runs_at() const { return 0; }
+    std::size_t chunks_at() const { return up(runs_at() + runs.size() * sizeof(cuda_detail::run)); }
+    std::size_t groups_at() const { return up(chunks_at() + chunks.size() * sizeof(cuda_detail::chunk)); }
+    std::size_t queries_at() const { return up(groups_at() + groups.size() * sizeof(cuda_detail::group_desc)); }
+    std::size_t flag_at() const { return up(queries_at() + queries.size() * sizeof(float)); }
+    std::size_t work_at() const { return up(flag_at() + sizeof(unsigned long long)); }
+    std::size_t results_at() const { return up(work_at() + work_floats * sizeof(float)); }
+    std::size_t device_bytes(std::size_t results, std::size_t work_per_chunk = 0) {
+      work_floats = chunks.size() * work_per_chunk;
+      result_floats = results;
+      return results_at() + result_floats * sizeof(float);
+    }
+    const cuda_detail::run* runs_on(const device_block& m) const { return reinterpret_cast<const cuda_detail::run*>(m.p + runs_at()); }
+    const cuda_detail::chunk* chunks_on(const device_block& m) const { return reinterpret_cast<const cuda_detail::chunk*>(m.p + chunks_at()); }
+    const cuda_detail::group_desc* groups_on(const device_block& m) const { return reinterpret_cast<const cuda_detail::group_desc*>(m.p + groups_at()); }
+    float* work_on(const device_block& m) const { return reinterpret_cast<float*>(m.p + work_at()); }
+    float* results_on(const device_block& m) const { return reinterpret_cast<float*>(m.p + results_at()); }
+    unsigned long long* flag_on(const device_block& m) const { return reinterpret_cast<unsigned long long*>(m.p + flag_at()); }
+
+    // Cuts `ranges` of kv into runs and chunks of at most `cap` tokens for a new group.
+    template <KvView KV>
+    void add_group(const KV& kv, std::span<const token_range> ranges, cuda_detail::group_desc desc,
+                   float* out, index_t out_stride, std::size_t query_offset = npos) {
+      using T = typename KV::element_type;
+      const auto group = static_cast<std::int32_t>(groups.size());
+      desc.out = out;
+      desc.out_stride = static_cast<std::int64_t>(out_stride);
+      desc.key_stride = static_cast<std::int64_t>(kv.key_stride());
+      desc.value_stride = static_cast<std::int64_t>(kv.value_stride());
+      desc.d = static_cast<std::int32_t>(kv.d());
+      desc.dv = static_cast<std::int32_t>(kv.dv());
+      desc.first_chunk = static_cast<std::int32_t>(chunks.size());
+      constexpr index_t vec = 16 / sizeof(T);  // elements of one 16-byte load
+      bool aligned = kv.d() % vec == 0 && kv.dv() % vec == 0 && kv.key_stride() % vec == 0 && kv.value_stride() % vec == 0;
+      std::int32_t token = 0;
+      auto push = [&](const T* k, const T* v, index_t count) {
+        aligned = aligned && reinterpret_cast<std::uintptr_t>(k) % 16 == 0 && reinterpret_cast<std::uintptr_t>(v) % 16 == 0;
+        while (count > 0) {
+          if (chunks.empty() || chunks.back().group != group || chunks.back().tokens == cap)
+            chunks.push_back({group, static_cast<std::int32_t>(runs.size()), 0, 0, token});
+          auto& c = chunks.back();
+          const auto take = static_cast<std::int32_t>(std::min<index_t>(count, index_t(cap - c.tokens)));
+          runs.push_back({k, v, take});
+          c.runs += 1;
+          c.tokens += take;
+          token += take;
+          k += index_t(take) * kv.key_stride();
+          v += index_t(take) * kv.value_stride();
+          count -= index_t(take);
+        }
+      };
+      for (const token_range& r : ranges) {
+        if constexpr (requires { kv.for_each_run(r.begin, r.end, [](index_t, index_t, const T*, const T*) {}); })
+          kv.for_each_run(r.begin, r.end, [&](index_t, index_t count, const T* k, const T* v) { push(k, v, count); });
+        else
+          for (index_t i = r.begin; i < r.end; ++i) push(kv.key_row(i), kv.value_row(i), 1);
+      }
+      desc.chunks = static_cast<std::int32_t>(chunks.size()) - desc.first_chunk;
+      desc.aligned = aligned ? 1 : 0;
+      all_aligned = all_aligned && aligned;
+      max_heads = std::max(max_heads, int(desc.heads));
+      max_dv = std::max(max_dv, int(desc.dv));
+      groups.push_back(desc);
+      query_of.push_back(query_offset);
+    }
+
+    // Copies the plan (with device query pointers patched in) into the device block.
+    void upload(const device_block& m) {
+      std::vector<cuda_detail::group_desc> patched = groups;
+      for (std::size_t gi = 0; gi < groups.size(); ++gi)
+        if (query_of[gi] != npos) patched[gi].q = reinterpret_cast<const float*>(m.p + queries_at()) + query_of[gi];
+      std::vector<char> host(work_at());
+      std::copy_n(reinterpret_cast<const char*>(runs.data()), runs.size() * sizeof(cuda_detail::run), host.data() + runs_at());
+      std::copy_n(reinterpret_cast<const char*>(chunks.data()), chunks.size() * sizeof(cuda_detail::chunk), host.data() + chunks_at());
+      std::copy_n(reinterpret_cast<const char*>(patched.data()), patched.size() * sizeof(cuda_detail::group_desc), host.data() + groups_at());
+      std::copy_n(reinterpret_cast<const char*>(queries.data()), queries.size() * sizeof(float), host.data() + queries_at());
+      const unsigned long long none = ~0ull;  // the query check's "all finite"
+      std::copy_n(reinterpret_cast<const char*>(&none), sizeof none, host.data() + flag_at());
+      cuda_detail::to_device(m.p, host.data(), host.size());
+    }
+  };
+
+  // Heads [h0, h0 + count) of a host query group, staged for upload: their group desc
+  // and where the rows sit in the staged queries.
+  static std::pair<cuda_detail::group_desc, std::size_t> host_query(plan& p, const query_group& q, index_t h0,
+                                                                    index_t count) {
+    cuda_detail::group_desc g{};
+    g.q_stride = static_cast<std::int64_t>(q.d);
+    g.heads = static_cast<std::int32_t>(count);
+    g.scale = q.scale;
+    const std::size_t at = p.queries.size();
+    for (index_t h = h0; h < h0 + count; ++h) p.queries.insert(p.queries.end(), q.row(h), q.row(h) + q.d);
+    return {g, at};
+  }
+
+  template <KvView KV>
+  static cuda_detail::element element_of() {
+    using T = typename KV::element_type;
+    if constexpr (std::is_same_v<T, float>) return cuda_detail::element::f32;
+    else if constexpr (std::is_same_v<T, half>) return cuda_detail::element::f16;
+    else return cuda_detail::element::bf16;
+  }
+  template <KvView KV>
+  static int row_of(const KV& kv) { return static_cast<int>(std::max(kv.d(), kv.dv())); }
+  template <KvView KV>
+  static void require_row_width(const KV& kv) {
+    require(kv.d() <= cuda_detail::max_row, "d", "the CUDA executor takes d up to ", cuda_detail::max_row, ", got ", kv.d());
+    require(kv.dv() <= cuda_detail::max_row, "dv", "the CUDA executor takes dv up to ", cuda_detail::max_row, ", got ", kv.dv());
+  }
+  // The compiled head count (1, 4 or 8) that serves `heads` heads a pass.
+  static int pass_template(int heads) { return heads <= 1 ? 1 : heads <= 4 ? 4 : 8; }
+
+  // The exact part of every group of the plan; results on the device when `to_results`.
+  template <KvView KV>
+  static void launch(const plan& p, const device_block& mem, int row, int hp, bool to_results) {
+    cuda_detail::launch_attend({element_of<KV>(), row, hp, p.runs_on(mem), p.chunks_on(mem),
+                                static_cast<int>(p.chunks.size()), p.groups_on(mem), static_cast<int>(p.groups.size()),
+                                p.max_dv, p.work_on(mem), to_results ? p.results_on(mem) : nullptr,
+                                to_results ? nullptr : p.flag_on(mem), p.all_aligned});
+  }
+
+  template <KvView KV, class RangesOf>
+  void run_batch(std::span<const sequence<KV>> batch, gqa_shape shape, float scale, RangesOf&& ranges_of) const {
+    shape.validate();
+    require(std::isfinite(scale) && scale > 0.f, "scale", "must be finite and positive, got ", scale);
+    const index_t g = shape.group();
+    cuda_detail::select_device(opt_.device);
+    struct head_plan {
+      const KV* kv;
+      std::vector<token_range> ranges;
+      index_t seq, head, query_stride, out_stride;
+    };
+    std::vector<head_plan> heads;  // validated first: nothing runs unless all is well
+    index_t tokens = 0;
+    int row = 1;
+    for (index_t s = 0; s < batch.size(); ++s) {
+      const sequence<KV>& seq = batch[s];
+      require(seq.kv_heads.size() == shape.kv_heads, "sequence.kv_heads", seq.kv_heads.size(),
+              " KV heads, expected ", shape.kv_heads);
+      require(seq.queries != nullptr, "sequence.queries", "null pointer");
+      require(seq.out != nullptr, "sequence.out", "null pointer");
+      for (index_t h = 0; h < shape.kv_heads; ++h) {
+        const KV& kv = seq.kv_heads[h];
+        require_row_width(kv);
+        const index_t qs = seq.query_stride ? seq.query_stride : kv.d();
+        const index_t os = seq.out_stride ? seq.out_stride : kv.dv();
+        require(qs >= kv.d(), "sequence.query_stride", "stride ", qs, " is smaller than d = ", kv.d());
+        require(os >= kv.dv(), "sequence.out_stride", "stride ", os, " is smaller than dv = ", kv.dv());
+        std::vector<token_range> ranges = ranges_of(s * shape.kv_heads + h, kv);
+        tokens += simd_detail::checked_token_count(ranges, kv.n());
+        row = std::max(row, row_of(kv));
+        heads.push_back({&kv, std::move(ranges), s, h, qs, os});
+      }
+    }
+    const index_t pass = index_t(cuda_detail::heads_per_pass(row));
+    plan p(chunk_tokens_for(tokens * ((g + pass - 1) / pass)));
+    std::vector<std::pair<index_t, index_t>> origin;  // per group: sequence, first query head
+    for (const head_plan& hp : heads) {
+      const sequence<KV>& seq = batch[hp.seq];
+      for (index_t h0 = 0; h0 < g; h0 += pass) {
+        cuda_detail::group_desc desc{};
+        desc.q = seq.queries + (hp.head * g + h0) * hp.query_stride;
+        desc.q_stride = static_cast<std::int64_t>(hp.query_stride);
+        desc.heads = static_cast<std::int32_t>(std::min(pass, g - h0));
+        desc.scale = scale;
+        p.add_group(*hp.kv, hp.ranges, desc, seq.out + (hp.head * g + h0) * hp.out_stride, hp.out_stride);
+        origin.emplace_back(hp.seq, hp.head * g + h0);
+      }
+    }
+    if (p.groups.empty()) return;
+    const int hp = pass_template(p.max_heads);
+    device_block mem(p.device_bytes(0, std::size_t(hp) * (2 + p.max_dv)));
+    p.upload(mem);
+    // Device queries are checked on the device; the merge writes nothing if one is bad.
+    cuda_detail::launch_find_nonfinite(p.groups_on(mem), static_cast<int>(p.groups.size()), p.flag_on(mem));
+    launch<KV>(p, mem, row, hp, false);
+    unsigned long long first = 0;
+    cuda_detail::to_host(&first, p.flag_on(mem), sizeof first);
+    cuda_detail::synchronize();
+    const cuda_detail::nonfinite_query bad = cuda_detail::decode_nonfinite(first);
+    if (bad.group >= 0)
+      require(false, "sequence.queries", "sequence ", origin[bad.group].first, ", query head ",
+              origin[bad.group].second + index_t(bad.head), ", element ", bad.element, " is NaN or Inf");
+  }
+
+  // Tokens per chunk for `work` tokens (over all groups and head slices) in one launch:
+  // about a dozen chunks per multiprocessor, 256 to 4096 tokens each, unless set.
+  std::int32_t chunk_tokens_for(index_t work) const {
+    if (opt_.chunk_tokens) return static_cast<std::int32_t>(opt_.chunk_tokens);
+    index_t want = work / (index_t(multiprocessors_) * 12), cap = 256;
+    while (cap < 4096 && cap * 2 <= want) cap *= 2;
+    return static_cast<std::int32_t>(cap);
+  }
+
+  cuda_options opt_;
+  int multiprocessors_ = 1;
+};
+
+static_assert(Executor<cuda>);
+
+}  // namespace floe::exec

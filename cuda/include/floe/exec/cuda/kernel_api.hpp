@@ -1,0 +1,93 @@
+// The seam between floe::exec::cuda (a host header any C++20 compiler reads) and its
+// kernels (cuda/src, compiled by nvcc into floe::cuda): plain structs and launchers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace floe {
+
+// A CUDA runtime failure (no device, out of device memory, a failed launch). Bad
+// arguments are floe::invalid_argument, as everywhere else.
+class cuda_error : public std::runtime_error {
+ public:
+  explicit cuda_error(const std::string& what) : std::runtime_error("floe: CUDA: " + what) {}
+};
+
+namespace cuda_detail {
+
+enum class element : int { f32 = 0, f16 = 1, bf16 = 2 };
+
+// Evenly strided rows on the device: `count` keys from `keys`, values from `values`.
+struct run {
+  const void* keys;
+  const void* values;
+  std::int32_t count;
+};
+
+// One thread block's work: runs [first_run, first_run + runs) of one group, holding
+// `tokens` tokens, the first of which is token `first_token` of the group's selection.
+struct chunk {
+  std::int32_t group, first_run, runs, tokens, first_token;
+};
+
+// One GQA group (or a slice of its heads): device queries and, for decode, device output.
+struct group_desc {
+  const float* q;          // [heads, q_stride], device
+  float* out;              // [heads, out_stride], device; null: partials go to `results`
+  std::int64_t q_stride, out_stride, key_stride, value_stride;
+  std::int32_t heads, d, dv, first_chunk, chunks, aligned;  // aligned: 4-element vector loads are safe
+  float scale;
+};
+
+// The most query heads one pass serves, and the widest row (d or dv) the kernels take.
+constexpr int max_row = 256;
+inline int heads_per_pass(int row) { return row > 128 ? 4 : 8; }
+
+int device_count();  // 0 when there is no usable device or driver
+void select_device(int device);
+void* device_alloc(std::size_t bytes);  // stream-ordered on the calling thread's stream
+void device_free(void* p);
+void to_device(void* dst, const void* src, std::size_t bytes);
+void to_host(void* dst, const void* src, std::size_t bytes);
+void synchronize();
+
+// One launch of the exact part: chunk partials into `work` ([chunks, heads_pass * (2 +
+// dv_max)]), then per group either out = a / l (groups with `out`) or (m, l, a) into
+// results[group * heads_pass * (2 + dv_max)] (m at [h], l at [heads_pass + h], a at
+// [2 * heads_pass + h * dv_max]). Nothing is written when `refused` (device, nullable)
+// holds other than ~0 (a bad query). all_aligned: every group's rows allow 16-byte loads
+// (the pipelined kernel runs).
+struct launch_args {
+  element type;
+  int row, heads_pass;
+  const run* runs;
+  const chunk* chunks;
+  int chunk_count;
+  const group_desc* groups;
+  int group_count, dv_max;
+  float* work;
+  float* results;
+  const unsigned long long* refused;
+  bool all_aligned;
+};
+void launch_attend(const launch_args& args);
+int multiprocessors(int device);
+
+// z[first_token + j] = scale * q . k for each chunk's tokens (one query head per group).
+void launch_score(element type, int row, const run* runs, const chunk* chunks, int chunk_count,
+                  const group_desc* groups, float* z);
+
+// Device queries are checked on the device: `first` (device, preset to ~0) receives the
+// lowest (group, head, element) of a NaN or Inf, which decode_nonfinite unpacks (group -1:
+// all finite).
+struct nonfinite_query {
+  std::int32_t group, head, element;
+};
+void launch_find_nonfinite(const group_desc* groups, int group_count, unsigned long long* first);
+nonfinite_query decode_nonfinite(unsigned long long first);
+
+}  // namespace cuda_detail
+}  // namespace floe

@@ -1,0 +1,599 @@
+// Decode-attention kernels of floe::exec::cuda: one thread block per chunk of a group's
+// rows, 16 lanes per token (4 elements each per 64-element slot), the g query heads of
+// the group served by one read of each row; chunk partials are merged per group.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "floe/exec/cuda/kernel_api.hpp"
+
+namespace floe::cuda_detail {
+namespace {
+
+constexpr int block_threads = 128, lanes_per_token = 16, subgroups = block_threads / lanes_per_token;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw cuda_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// 16-byte loads: 4 floats or 8 16-bit elements, widened to float.
+template <class T>
+constexpr int vec_of = 16 / sizeof(T);
+template <class T>
+struct vec16;
+template <>
+struct vec16<float> {
+  __device__ static void load(const float* p, float* out) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  }
+  __device__ static float one(const float* p) { return *p; }
+};
+template <>
+struct vec16<__half> {
+  __device__ static void load(const __half* p, float* out) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      out[2 * i] = f.x, out[2 * i + 1] = f.y;
+    }
+  }
+  __device__ static float one(const __half* p) { return __half2float(*p); }
+};
+template <>
+struct vec16<__nv_bfloat16> {
+  __device__ static void load(const __nv_bfloat16* p, float* out) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[2 * i] = __uint_as_float(w[i] << 16), out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+  __device__ static float one(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+};
+
+// Element e of this lane's slice of a row: slot s holds elements (s*16 + lane)*V + 0..V-1.
+template <class T, int SLOTS>
+__device__ int element_of(int s, int lane, int t) {
+  return (s * lanes_per_token + lane) * vec_of<T> + t;
+}
+
+// This lane's elements of a row of length n (zeros past n).
+template <class T, int SLOTS>
+__device__ void load_row(const T* row, int n, int lane, bool aligned, float (&out)[SLOTS * vec_of<T>]) {
+  constexpr int V = vec_of<T>;
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    const int e = element_of<T, SLOTS>(s, lane, 0);
+    if (aligned && e < n) {
+      vec16<T>::load(row + e, out + s * V);
+    } else {
+#pragma unroll
+      for (int t = 0; t < V; ++t) out[s * V + t] = e + t < n ? vec16<T>::one(row + e + t) : 0.f;
+    }
+  }
+}
+
+__device__ float sum16(float x) {
+#pragma unroll
+  for (int o = lanes_per_token / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Where token j of a chunk lives: walks the chunk's runs forward (j only grows).
+struct run_cursor {
+  const run* r;
+  int start = 0;
+  __device__ void seek(int j) {
+    while (j >= start + r->count) start += (r++)->count;
+  }
+};
+
+constexpr float log2e = 1.4426950408889634f, ln2 = 0.6931471805599453f;
+constexpr int tile_tokens = 2 * subgroups;  // tokens a block takes per step: two per subgroup
+
+// The online-softmax state of one subgroup over the group's heads (base 2), with this
+// lane's slice of the scaled queries and of the value accumulators.
+template <class T, int SLOTS, int HP>
+struct subgroup_state {
+  static constexpr int V = vec_of<T>, W = SLOTS * V;
+  float q[HP][W], acc[HP][W], m[HP], l[HP];
+
+  __device__ void init(const group_desc& g, int lane) {
+#pragma unroll
+    for (int h = 0; h < HP; ++h) {
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s)
+#pragma unroll
+        for (int t = 0; t < V; ++t) {
+          const int e = element_of<T, SLOTS>(s, lane, t);
+          q[h][s * V + t] = h < g.heads && e < g.d ? g.q[h * g.q_stride + e] * (g.scale * log2e) : 0.f;
+          acc[h][s * V + t] = 0.f;
+        }
+      m[h] = -INFINITY;
+      l[h] = 0.f;
+    }
+  }
+
+  // Folds two tokens (rows k[u], v[u]; valid[u] false past the chunk) in, one rescale.
+  __device__ void fold(const float (&k)[2][W], const float (&v)[2][W], const bool (&valid)[2]) {
+#pragma unroll
+    for (int h = 0; h < HP; ++h) {
+      float z[2], top = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < W; ++e) dot = fmaf(q[h][e], k[u][e], dot);
+        z[u] = sum16(dot);  // every lane of the warp shuffles, valid or not
+        if (valid[u]) top = fmaxf(top, z[u]);
+      }
+      if (top > m[h]) {  // rescale what we have to the new maximum
+        const float r = exp2f(m[h] - top);
+        l[h] *= r;
+#pragma unroll
+        for (int e = 0; e < W; ++e) acc[h][e] *= r;
+        m[h] = top;
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float w = valid[u] ? exp2f(z[u] - m[h]) : 0.f;
+        l[h] += w;
+#pragma unroll
+        for (int e = 0; e < W; ++e) acc[h][e] = fmaf(w, v[u][e], acc[h][e]);
+      }
+    }
+  }
+
+  // Folds U tokens in, rows fetched one at a time by key(u, out) / value(u, out) (keys
+  // first: all scores, one rescale per head, then the values), so no row is held longer
+  // than its use. valid(u) is false past the chunk.
+  template <int U, class Key, class Value, class Valid>
+  __device__ void fold_rows(Key&& key, Value&& value, Valid&& valid) {
+    float z[U][HP];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float k[W];
+      key(u, k);
+#pragma unroll
+      for (int h = 0; h < HP; ++h) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < W; ++e) dot = fmaf(q[h][e], k[e], dot);
+        z[u][h] = sum16(dot);  // every lane of the warp shuffles, valid or not
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < HP; ++h) {
+      float top = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (valid(u)) top = fmaxf(top, z[u][h]);
+      if (top > m[h]) {  // rescale what we have to the new maximum
+        const float r = exp2f(m[h] - top);
+        l[h] *= r;
+#pragma unroll
+        for (int e = 0; e < W; ++e) acc[h][e] *= r;
+        m[h] = top;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float v[W];
+      value(u, v);
+#pragma unroll
+      for (int h = 0; h < HP; ++h) {
+        const float w = valid(u) ? exp2f(z[u][h] - m[h]) : 0.f;
+        l[h] += w;
+#pragma unroll
+        for (int e = 0; e < W; ++e) acc[h][e] = fmaf(w, v[e], acc[h][e]);
+      }
+    }
+  }
+
+  // Merges the block's subgroup states into the chunk's partial at `out` (m in natural
+  // units), through shared memory: sm_a holds subgroups * HP * 16 * W floats.
+  __device__ void store(const group_desc& g, int dv_max, int lane, int sub, float* sm_a, float* out) const {
+    __shared__ float sm_m[subgroups][HP], sm_l[subgroups][HP];
+    constexpr int row = lanes_per_token * W;
+#pragma unroll
+    for (int h = 0; h < HP; ++h) {
+      if (lane == 0) sm_m[sub][h] = m[h], sm_l[sub][h] = l[h];
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s)
+#pragma unroll
+        for (int t = 0; t < V; ++t) sm_a[(sub * HP + h) * row + element_of<T, SLOTS>(s, lane, t)] = acc[h][s * V + t];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < g.heads * g.dv; idx += block_threads) {
+      const int h = idx / g.dv, j = idx % g.dv;
+      float mm = -INFINITY;
+      for (int s = 0; s < subgroups; ++s) mm = fmaxf(mm, sm_m[s][h]);
+      float ll = 0.f, aa = 0.f;
+      for (int s = 0; s < subgroups; ++s) {
+        if (sm_m[s][h] == -INFINITY) continue;  // a subgroup that saw no token
+        const float r = exp2f(sm_m[s][h] - mm);
+        ll += r * sm_l[s][h];
+        aa += r * sm_a[(s * HP + h) * row + j];
+      }
+      if (j == 0) out[h] = mm * ln2, out[HP + h] = ll;
+      out[2 * HP + h * dv_max + j] = aa;
+    }
+  }
+};
+
+// One chunk's exact partial, rows read straight into registers (any alignment): 8
+// subgroups of 16 lanes, each taking two tokens a step, both rows loaded before use.
+template <class T, int SLOTS, int HP>
+__global__ void __launch_bounds__(block_threads) attend_chunks(const run* runs, const chunk* chunks,
+                                                               const group_desc* groups, int dv_max, float* work) {
+  using state_t = subgroup_state<T, SLOTS, HP>;
+  constexpr int W = state_t::W;
+  const chunk c = chunks[blockIdx.x];
+  const group_desc g = groups[c.group];
+  const int lane = threadIdx.x % lanes_per_token, sub = threadIdx.x / lanes_per_token;
+  const bool aligned = g.aligned != 0;
+  state_t st;
+  st.init(g, lane);
+  run_cursor cur{runs + c.first_run};
+  for (int base = 0; base < c.tokens; base += tile_tokens) {
+    float k[2][W], v[2][W];
+    bool valid[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int j = base + u * subgroups + sub;
+      valid[u] = j < c.tokens;
+      if (valid[u]) {
+        cur.seek(j);
+        const std::int64_t i = j - cur.start;
+        load_row<T, SLOTS>(static_cast<const T*>(cur.r->keys) + i * g.key_stride, g.d, lane, aligned, k[u]);
+        load_row<T, SLOTS>(static_cast<const T*>(cur.r->values) + i * g.value_stride, g.dv, lane, aligned, v[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < W; ++e) k[u][e] = v[u][e] = 0.f;
+      }
+    }
+    st.fold(k, v, valid);
+  }
+  __shared__ float sm_a[subgroups * HP * lanes_per_token * W];
+  st.store(g, dv_max, lane, sub, sm_a, work + static_cast<std::int64_t>(blockIdx.x) * HP * (2 + dv_max));
+}
+
+__device__ void copy16_async(void* smem, const void* global) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
+}
+__device__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ void wait_async() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+constexpr int stages = 3;             // tiles in flight per block
+constexpr int async_tile = 4 * subgroups;  // tokens per tile: four per subgroup
+
+// Shared memory of the pipelined kernel: `stages` tiles of rows, reused afterwards for
+// the merge of the subgroup states.
+template <class T, int SLOTS, int HP>
+std::size_t async_smem_bytes(int d, int dv) {
+  const std::size_t tiles = std::size_t(stages) * async_tile * (d + dv) * sizeof(T);
+  const std::size_t merge = std::size_t(subgroups) * HP * lanes_per_token * SLOTS * vec_of<T> * sizeof(float);
+  return tiles > merge ? tiles : merge;
+}
+
+// The same partial for 16-byte aligned rows, with the rows of the next tiles copied into
+// shared memory asynchronously (cp.async) while this tile is folded in: many bytes in
+// flight per block without holding them in registers.
+template <class T, int SLOTS, int HP>
+__global__ void __launch_bounds__(block_threads) attend_chunks_async(const run* runs, const chunk* chunks,
+                                                                     const group_desc* groups, int dv_max, float* work) {
+  using state_t = subgroup_state<T, SLOTS, HP>;
+  constexpr int V = vec_of<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const chunk c = chunks[blockIdx.x];
+  const group_desc g = groups[c.group];
+  const int lane = threadIdx.x % lanes_per_token, sub = threadIdx.x / lanes_per_token;
+  const int key_pieces = g.d * int(sizeof(T)) / 16, pieces = key_pieces + g.dv * int(sizeof(T)) / 16;
+  const int token_bytes = pieces * 16, stage_bytes = async_tile * token_bytes;
+  const int tiles = (c.tokens + async_tile - 1) / async_tile;
+  // Copying: 4 threads per token of a tile, each taking every 4th 16-byte piece of its
+  // token's key and value rows (no division per piece; one run lookup per tile).
+  constexpr int copiers = block_threads / async_tile;
+  const int my_token = threadIdx.x / copiers, my_piece = threadIdx.x % copiers;
+  run_cursor copier{runs + c.first_run};
+  auto issue = [&](int tile) {
+    const int j = tile * async_tile + my_token;
+    if (j >= c.tokens) return;
+    copier.seek(j);
+    const std::int64_t i = j - copier.start;
+    const auto* key = reinterpret_cast<const unsigned char*>(static_cast<const T*>(copier.r->keys) + i * g.key_stride);
+    const auto* value = reinterpret_cast<const unsigned char*>(static_cast<const T*>(copier.r->values) + i * g.value_stride);
+    unsigned char* dst = smem + (tile % stages) * stage_bytes + my_token * token_bytes;
+    for (int piece = my_piece; piece < pieces; piece += copiers)
+      copy16_async(dst + piece * 16, piece < key_pieces ? key + piece * 16 : value + (piece - key_pieces) * 16);
+  };
+  state_t st;
+  st.init(g, lane);
+#pragma unroll
+  for (int t = 0; t < stages - 1; ++t) {
+    if (t < tiles) issue(t);
+    commit_async();
+  }
+  for (int t = 0; t < tiles; ++t) {
+    wait_async<stages - 2>();
+    __syncthreads();
+    const unsigned char* stage = smem + (t % stages) * stage_bytes;
+    // Subgroup `sub` takes tokens sub, sub + 8, sub + 16, sub + 24 of the tile.
+    auto row_of = [&](int u) { return stage + (u * subgroups + sub) * token_bytes; };
+    auto valid = [&](int u) { return t * async_tile + u * subgroups + sub < c.tokens; };
+    auto fetch = [&](const T* row, int n, int u, float* out) {
+#pragma unroll
+      for (int s2 = 0; s2 < SLOTS; ++s2) {
+        const int e = element_of<T, SLOTS>(s2, lane, 0);
+        if (valid(u) && e < n) {
+          vec16<T>::load(row + e, out + s2 * V);
+        } else {
+#pragma unroll
+          for (int x = 0; x < V; ++x) out[s2 * V + x] = 0.f;
+        }
+      }
+    };
+    st.template fold_rows<4>([&](int u, float* k) { fetch(reinterpret_cast<const T*>(row_of(u)), g.d, u, k); },
+                             [&](int u, float* v) { fetch(reinterpret_cast<const T*>(row_of(u) + key_pieces * 16), g.dv, u, v); },
+                             valid);
+    if (t + stages - 1 < tiles) issue(t + stages - 1);  // into the stage folded one step ago
+    commit_async();
+  }
+  wait_async<0>();
+  __syncthreads();  // every fold is done before the tiles' memory holds the merge
+  st.store(g, dv_max, lane, sub, reinterpret_cast<float*>(smem),
+           work + static_cast<std::int64_t>(blockIdx.x) * HP * (2 + dv_max));
+}
+
+// Per (group, head): merges the group's chunk partials (a block-wide max, then the
+// rescaled sums, chunks taken 128 at a time with their scales in shared memory); writes
+// a / l to the group's output rows, or (m, l, a) to `results`.
+template <int HP>
+__global__ void __launch_bounds__(block_threads) merge_groups(const group_desc* groups, int dv_max,
+                                                              const float* work, float* results,
+                                                              const unsigned long long* refused) {
+  if (refused && *refused != ~0ull) return;  // a bad query: write nothing
+  const group_desc g = groups[blockIdx.x];
+  const int h = blockIdx.y, tid = threadIdx.x;
+  if (h >= g.heads) return;
+  const std::int64_t stride = HP * (2 + dv_max);
+  const float* base = work + g.first_chunk * stride;
+  __shared__ float red[block_threads], scale[block_threads];
+  float mm = -INFINITY;
+  for (int c = tid; c < g.chunks; c += block_threads) mm = fmaxf(mm, base[c * stride + h]);
+  red[tid] = mm;
+  __syncthreads();
+  for (int o = block_threads / 2; o > 0; o /= 2) {
+    if (tid < o) red[tid] = fmaxf(red[tid], red[tid + o]);
+    __syncthreads();
+  }
+  const float top = red[0];
+  __syncthreads();
+  constexpr int per_thread = max_row / block_threads;
+  float ll = 0.f, aa[per_thread] = {};
+  for (int c0 = 0; c0 < g.chunks; c0 += block_threads) {
+    const int c = c0 + tid;
+    float r = 0.f;
+    if (c < g.chunks && top != -INFINITY) {
+      r = expf(base[c * stride + h] - top);
+      ll += r * base[c * stride + HP + h];
+    }
+    scale[tid] = r;
+    __syncthreads();
+    const int count = min(block_threads, g.chunks - c0);
+    for (int i = 0; i < count; ++i) {
+      const float* a = base + (c0 + i) * stride + 2 * HP + h * dv_max;
+#pragma unroll
+      for (int x = 0; x < per_thread; ++x)
+        if (tid + x * block_threads < g.dv) aa[x] = fmaf(scale[i], a[tid + x * block_threads], aa[x]);
+    }
+    __syncthreads();
+  }
+  red[tid] = ll;
+  __syncthreads();
+  for (int o = block_threads / 2; o > 0; o /= 2) {
+    if (tid < o) red[tid] += red[tid + o];
+    __syncthreads();
+  }
+  const float sum = red[0];
+#pragma unroll
+  for (int x = 0; x < per_thread; ++x) {
+    const int j = tid + x * block_threads;
+    if (j >= g.dv) continue;
+    if (g.out) {
+      g.out[h * g.out_stride + j] = sum > 0.f ? aa[x] / sum : 0.f;
+    } else {
+      float* r = results + blockIdx.x * stride;
+      if (j == 0) r[h] = top, r[HP + h] = sum;
+      r[2 * HP + h * dv_max + j] = aa[x];
+    }
+  }
+}
+
+template <class T, int SLOTS>
+__global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, const chunk* chunks,
+                                                              const group_desc* groups, float* z) {
+  constexpr int V = vec_of<T>, W = SLOTS * V;
+  const chunk c = chunks[blockIdx.x];
+  const group_desc g = groups[c.group];
+  const int lane = threadIdx.x % lanes_per_token, sub = threadIdx.x / lanes_per_token;
+  float q[W];
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s)
+#pragma unroll
+    for (int t = 0; t < V; ++t) {
+      const int e = element_of<T, SLOTS>(s, lane, t);
+      q[s * V + t] = e < g.d ? g.q[e] : 0.f;
+    }
+  run_cursor cur{runs + c.first_run};
+  for (int base = 0; base < c.tokens; base += subgroups) {
+    const int j = base + sub;
+    float k[W];
+    if (j < c.tokens) {
+      cur.seek(j);
+      load_row<T, SLOTS>(static_cast<const T*>(cur.r->keys) + (j - cur.start) * g.key_stride, g.d, lane,
+                         g.aligned != 0, k);
+    } else {
+#pragma unroll
+      for (int e = 0; e < W; ++e) k[e] = 0.f;
+    }
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < W; ++e) dot = fmaf(q[e], k[e], dot);
+    dot = sum16(dot);
+    if (j < c.tokens && lane == 0) z[c.first_token + j] = g.scale * dot;
+  }
+}
+
+// Lowest (group, head, element) whose query is NaN or Inf, packed in one 64-bit key.
+__global__ void find_nonfinite(const group_desc* groups, unsigned long long* first) {
+  const group_desc g = groups[blockIdx.x];
+  for (int idx = threadIdx.x; idx < g.heads * g.d; idx += block_threads) {
+    const int h = idx / g.d, e = idx % g.d;
+    if (!isfinite(g.q[h * g.q_stride + e]))
+      atomicMin(first, (static_cast<unsigned long long>(blockIdx.x) << 40) | (static_cast<unsigned long long>(h) << 20) |
+                           static_cast<unsigned long long>(e));
+  }
+}
+
+template <class T, int SLOTS, int HP>
+void attend_as(const launch_args& a) {
+  if (a.chunk_count > 0) {
+    if (a.all_aligned) {
+      const std::size_t smem = async_smem_bytes<T, SLOTS, HP>(a.row, a.row);
+      auto* kernel = attend_chunks_async<T, SLOTS, HP>;
+      // Past 48 KiB in all (the merge's static arrays included) a kernel must opt in.
+      static thread_local std::size_t allowed = 32 * 1024;
+      if (smem > allowed) {
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "shared memory size");
+        allowed = smem;
+      }
+      kernel<<<a.chunk_count, block_threads, smem, cudaStreamPerThread>>>(a.runs, a.chunks, a.groups, a.dv_max, a.work);
+    } else {
+      attend_chunks<T, SLOTS, HP><<<a.chunk_count, block_threads, 0, cudaStreamPerThread>>>(a.runs, a.chunks, a.groups,
+                                                                                           a.dv_max, a.work);
+    }
+  }
+  check(cudaGetLastError(), "attend kernel launch");
+  merge_groups<HP><<<dim3(a.group_count, HP), block_threads, 0, cudaStreamPerThread>>>(a.groups, a.dv_max, a.work,
+                                                                                      a.results, a.refused);
+  check(cudaGetLastError(), "merge kernel launch");
+}
+
+template <class T, int SLOTS>
+void attend_slots(const launch_args& a) {
+  if (a.heads_pass == 1) attend_as<T, SLOTS, 1>(a);
+  else if (a.heads_pass == 4) attend_as<T, SLOTS, 4>(a);
+  else if constexpr (SLOTS * vec_of<T> <= 8)  // 8 heads a pass only while the registers hold them
+    attend_as<T, SLOTS, 8>(a);
+  else
+    throw cuda_error("no kernel for 8 heads a pass at rows over 128");
+}
+
+// Slots of 16 lanes x 16 bytes a row of `row` elements needs: 1, 2 or 4.
+template <class T>
+int slots_for(int row) {
+  const int per = lanes_per_token * vec_of<T>, s = (row + per - 1) / per;
+  return s <= 1 ? 1 : s == 2 ? 2 : 4;
+}
+
+template <class T>
+void attend_type(const launch_args& a) {
+  const int slots = slots_for<T>(a.row);
+  if (slots == 1) attend_slots<T, 1>(a);
+  else if (slots == 2) attend_slots<T, 2>(a);
+  else if constexpr (vec_of<T> == 4) attend_slots<T, 4>(a);
+}
+
+template <class T>
+void score_type(int row, const run* runs, const chunk* chunks, int chunk_count, const group_desc* groups, float* z) {
+  if (chunk_count == 0) return;
+  const int slots = slots_for<T>(row);
+  if (slots == 1) score_chunks<T, 1><<<chunk_count, block_threads, 0, cudaStreamPerThread>>>(runs, chunks, groups, z);
+  else if (slots == 2) score_chunks<T, 2><<<chunk_count, block_threads, 0, cudaStreamPerThread>>>(runs, chunks, groups, z);
+  else if constexpr (vec_of<T> == 4) score_chunks<T, 4><<<chunk_count, block_threads, 0, cudaStreamPerThread>>>(runs, chunks, groups, z);
+  check(cudaGetLastError(), "score kernel launch");
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+void select_device(int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  // Keep freed stream-ordered memory in the pool: each call allocates its plan and work
+  // there, and returning it to the driver at every synchronize costs a real allocation.
+  static thread_local int tuned = -1;
+  if (tuned != device) {
+    cudaMemPool_t pool;
+    check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+    std::uint64_t keep = ~std::uint64_t{0};
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+    tuned = device;
+  }
+}
+void* device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  check(cudaMallocAsync(&p, bytes ? bytes : 1, cudaStreamPerThread), "cudaMallocAsync");
+  return p;
+}
+void device_free(void* p) { (void)cudaFreeAsync(p, cudaStreamPerThread); }
+void to_device(void* dst, const void* src, std::size_t bytes) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread), "copy to device");
+}
+void to_host(void* dst, const void* src, std::size_t bytes) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread), "copy to host");
+}
+void synchronize() { check(cudaStreamSynchronize(cudaStreamPerThread), "kernel execution"); }
+
+void launch_find_nonfinite(const group_desc* groups, int group_count, unsigned long long* first) {
+  find_nonfinite<<<group_count, block_threads, 0, cudaStreamPerThread>>>(groups, first);
+  check(cudaGetLastError(), "query check launch");
+}
+
+nonfinite_query decode_nonfinite(unsigned long long first) {
+  if (first == ~0ull) return {-1, 0, 0};
+  return {static_cast<std::int32_t>(first >> 40), static_cast<std::int32_t>((first >> 20) & 0xfffff),
+          static_cast<std::int32_t>(first & 0xfffff)};
+}
+
+void launch_attend(const launch_args& a) {
+  // Kernels launch on the per-thread default stream, the one the copies above use.
+  switch (a.type) {
+    case element::f32: return attend_type<float>(a);
+    case element::f16: return attend_type<__half>(a);
+    case element::bf16: return attend_type<__nv_bfloat16>(a);
+  }
+}
+
+int multiprocessors(int device) {
+  int n = 0;
+  check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "multiprocessor count");
+  return n;
+}
+
+void launch_score(element type, int row, const run* runs, const chunk* chunks, int chunk_count,
+                  const group_desc* groups, float* z) {
+  switch (type) {
+    case element::f32: return score_type<float>(row, runs, chunks, chunk_count, groups, z);
+    case element::f16: return score_type<__half>(row, runs, chunks, chunk_count, groups, z);
+    case element::bf16: return score_type<__nv_bfloat16>(row, runs, chunks, chunk_count, groups, z);
+  }
+}
+
+}  // namespace floe::cuda_detail

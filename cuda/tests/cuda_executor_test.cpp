@@ -1,0 +1,214 @@
+// floe::exec::cuda against the scalar reference (double accumulation) on fresh random
+// inputs: attend over whole caches and gathered ranges, score, batch decode on device
+// memory with every output element written, and bad input refused before any write.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "cuda_test_support.hpp"
+#include "exec/simd_test_support.hpp"
+#include "floe/exec/cuda.hpp"
+#include "floe/exec/scalar.hpp"
+
+using floe::index_t;
+using floe::token_range;
+namespace ft = floe::testing;
+
+namespace {
+
+using where = ft::cuda_array<float>::where;
+
+// A few ranges inside [0, n): the head, scattered 64-token runs and single tokens.
+std::vector<token_range> scattered(index_t n) {
+  std::vector<token_range> out;
+  if (n < 10) return {{0, n}};
+  out.push_back({0, 3});
+  for (index_t b = n / 7; b + 70 < n; b += n / 5 + 1) out.push_back({b, b + 64});
+  if (out.back().end + 2 < n) out.push_back({n - 1, n});
+  return out;
+}
+
+// kv: the device copy; ref: the same cache in host memory, for the scalar reference.
+template <class T, class KV>
+void check_attend(const KV& kv, const KV& ref, index_t heads, std::mt19937_64& g, const floe::exec::cuda& ex) {
+  const auto qd = ft::random_floats(g, heads * kv.d());
+  const auto q = floe::query_group::make(qd.data(), heads, kv.d());
+  for (const auto& ranges : {std::vector<token_range>{{0, kv.n()}}, scattered(kv.n())}) {
+    floe::partial_set<float> got(heads, kv.dv());
+    floe::partial_set<double> want(heads, kv.dv());
+    ex.attend(kv, q, ranges, got);
+    floe::exec::scalar{}.attend(ref, q, ranges, want);
+    REQUIRE(ft::max_relative_error(got, want) <= 1e-5);
+  }
+  // score: one head over a middle range
+  const token_range r{kv.n() / 3, kv.n()};
+  std::vector<float> z(r.size(), std::nanf("")), zr(r.size());
+  const index_t head = heads - 1;
+  ex.score(kv, q, head, r, z.data());
+  floe::exec::scalar{}.score(ref, q, head, r, zr.data());
+  for (index_t i = 0; i < r.size(); ++i) REQUIRE(std::abs(z[i] - zr[i]) <= 1e-5f * (1.f + std::abs(zr[i])));
+}
+
+template <class T>
+void attend_sweep(std::uint64_t salt) {
+  INFO("seed " << ft::seed() << " type " << floe::element_name<T>());
+  auto g = ft::rng(salt);
+  const floe::exec::cuda chunked({0, 512}), tiny({0, 7});  // tiny: many chunks to merge
+  const index_t dims[] = {64, 80, 128, 256}, groups[] = {1, 4, 8, 12};
+  index_t turn = 0;
+  for (index_t n : {1, 7, 63, 64, 65, 1000, 100003}) {
+    for (index_t d : dims) {
+      const index_t heads = groups[turn % 4], pad = turn % 2 ? 3 : 0, block = (turn / 2) % 3 == 1 ? 16 : (turn / 2) % 3 == 2 ? 256 : 0;
+      ++turn;
+      INFO("n " << n << " d " << d << " g " << heads << " pad " << pad << " block " << block);
+      const ft::random_kv<T> host(g, n, d, d, pad, block);
+      const ft::cuda_kv<T> dev(host, ft::cuda_array<T>::device);
+      const auto& ex = n < 2000 && turn % 3 == 0 ? tiny : chunked;
+      if (block) check_attend<T>(dev.paged_view(), host.paged_view(), heads, g, ex);
+      else check_attend<T>(dev.view(), host.view(), heads, g, ex);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda attend and score equal the scalar reference (float)", "[cuda]") { attend_sweep<float>(1); }
+TEST_CASE("cuda attend and score equal the scalar reference (half)", "[cuda]") { attend_sweep<floe::half>(2); }
+TEST_CASE("cuda attend and score equal the scalar reference (bfloat16)", "[cuda]") { attend_sweep<floe::bfloat16>(3); }
+
+namespace {
+
+// A batch on the device: sequences of different lengths, Hkv heads each, padded query
+// and output rows; outputs poisoned with NaN and their padding with a sentinel.
+template <class T>
+struct device_batch {
+  static constexpr float sentinel = -12345.f;
+  floe::gqa_shape shape;
+  index_t q_stride, out_stride;
+  std::vector<std::unique_ptr<ft::random_kv<T>>> host;
+  std::vector<std::unique_ptr<ft::cuda_kv<T>>> dev;
+  std::vector<std::vector<floe::kv_view<T>>> views;
+  std::vector<std::vector<float>> queries;
+  std::vector<std::unique_ptr<ft::cuda_array<float>>> dq, dout;
+
+  device_batch(std::mt19937_64& g, const std::vector<index_t>& lengths, floe::gqa_shape s, index_t d)
+      : shape(s), q_stride(d + 3), out_stride(d + 2) {
+    for (index_t n : lengths) {
+      views.emplace_back();
+      for (index_t h = 0; h < s.kv_heads; ++h) {
+        host.push_back(std::make_unique<ft::random_kv<T>>(g, n, d, d, 1, 0));
+        dev.push_back(std::make_unique<ft::cuda_kv<T>>(*host.back(), ft::cuda_array<T>::device));
+        views.back().push_back(dev.back()->view());
+      }
+      queries.push_back(ft::random_floats(g, s.q_heads * q_stride));
+      dq.push_back(std::make_unique<ft::cuda_array<float>>(queries.back(), where::device));
+      std::vector<float> o(s.q_heads * out_stride, std::numeric_limits<float>::quiet_NaN());
+      for (index_t r = 0; r < s.q_heads; ++r) o[r * out_stride + d] = o[r * out_stride + d + 1] = sentinel;
+      dout.push_back(std::make_unique<ft::cuda_array<float>>(o, where::device));
+    }
+  }
+  std::vector<floe::sequence<floe::kv_view<T>>> sequences() const {
+    std::vector<floe::sequence<floe::kv_view<T>>> out;
+    for (index_t s = 0; s < views.size(); ++s)
+      out.push_back({views[s], dq[s]->data(), dout[s]->data(), q_stride, out_stride});
+    return out;
+  }
+  // Checks sequence s's outputs against the scalar reference over `ranges_of(head)`.
+  template <class RangesOf>
+  void check(RangesOf&& ranges_of, float scale) const {
+    const index_t g = shape.group();
+    for (index_t s = 0; s < views.size(); ++s) {
+      const auto got = dout[s]->to_host();
+      for (index_t h = 0; h < shape.kv_heads; ++h) {
+        const auto& hk = *host[s * shape.kv_heads + h];
+        const floe::query_group q{queries[s].data() + h * g * q_stride, g, hk.d, q_stride, scale};
+        floe::partial_set<double> want(g, hk.dv);
+        const auto ranges = ranges_of(s * shape.kv_heads + h);
+        if (!ranges.empty()) floe::exec::scalar{}.attend(hk.view(), q, ranges, want);
+        std::vector<float> ref(g * hk.dv);
+        want.finalize(floe::output_group<float>{ref.data(), g, hk.dv, 0});
+        const float* row = got.data() + h * g * out_stride;
+        REQUIRE(ft::max_relative_error(row, out_stride, ref.data(), hk.dv, g, hk.dv) <= 1e-5);
+        for (index_t r = 0; r < g; ++r) {
+          REQUIRE(row[r * out_stride + hk.dv] == sentinel);  // padding between rows untouched
+          for (index_t j = 0; j < hk.dv; ++j) REQUIRE(std::isfinite(row[r * out_stride + j]));
+        }
+      }
+    }
+  }
+};
+
+template <class T>
+void batch_case(std::uint64_t salt) {
+  INFO("seed " << ft::seed() << " type " << floe::element_name<T>());
+  auto g = ft::rng(salt);
+  const floe::exec::cuda ex;
+  for (auto [shape, d] : {std::pair{floe::gqa_shape{12, 3}, index_t{128}}, {floe::gqa_shape{8, 1}, index_t{64}},
+                          {floe::gqa_shape{9, 3}, index_t{80}}}) {
+    INFO("Hq " << shape.q_heads << " Hkv " << shape.kv_heads << " d " << d);
+    const float scale = 1.f / std::sqrt(float(d));
+    device_batch<T> dense(g, {1000, 4097, 70}, shape, d);
+    const auto seqs = dense.sequences();
+    ex.decode<floe::kv_view<T>>(seqs, shape, scale);
+    dense.check([&](index_t gi) { return std::vector<token_range>{{0, dense.host[gi]->n}}; }, scale);
+
+    device_batch<T> gathered(g, {1000, 4097, 70}, shape, d);
+    std::vector<std::vector<token_range>> exact;
+    for (index_t gi = 0; gi < gathered.host.size(); ++gi)
+      exact.push_back(gi == 1 ? std::vector<token_range>{} : scattered(gathered.host[gi]->n));  // one empty: zeros
+    const auto gseqs = gathered.sequences();
+    ex.decode_gathered<floe::kv_view<T>>(gseqs, shape, scale, exact);
+    gathered.check([&](index_t gi) { return exact[gi]; }, scale);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda batch decode on device memory equals the scalar reference (float)", "[cuda]") { batch_case<float>(11); }
+TEST_CASE("cuda batch decode on device memory equals the scalar reference (half)", "[cuda]") { batch_case<floe::half>(12); }
+TEST_CASE("cuda batch decode on device memory equals the scalar reference (bfloat16)", "[cuda]") { batch_case<floe::bfloat16>(13); }
+
+TEST_CASE("cuda executor refuses bad input by name before writing", "[cuda]") {
+  INFO("seed " << ft::seed());
+  auto g = ft::rng(21);
+  auto name_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const floe::invalid_argument& e) {
+      return e.argument();
+    }
+    return std::string("(nothing thrown)");
+  };
+  REQUIRE(name_of([] { floe::exec::cuda({0, index_t{1} << 21}); }) == "chunk_tokens");
+  REQUIRE(name_of([] { floe::exec::cuda({1 << 20, 512}); }) == "device");
+  const floe::exec::cuda ex;
+
+  const ft::random_kv<floe::half> wide(g, 10, 300, 64);
+  const ft::cuda_kv<floe::half> wide_dev(wide, ft::cuda_array<floe::half>::device);
+  auto q300 = ft::random_floats(g, 300);
+  floe::partial_set<float> p1(1, 64);
+  REQUIRE(name_of([&] { ex.attend(wide_dev.view(), floe::query_group::make(q300.data(), 1, 300), std::vector<token_range>{{0, 10}}, p1); }) == "d");
+
+  const ft::random_kv<float> host(g, 100, 64, 64);
+  const ft::cuda_kv<float> dev(host, ft::cuda_array<float>::device);
+  auto q = ft::random_floats(g, 64 * 4);
+  floe::partial_set<float> p(4, 64);
+  REQUIRE(name_of([&] { ex.attend(dev.view(), floe::query_group::make(q.data(), 4, 64), std::vector<token_range>{{90, 101}}, p); }) == "selection");
+  q[5] = std::nanf("");
+  REQUIRE(name_of([&] { ex.attend(dev.view(), floe::query_group::make(q.data(), 4, 64), std::vector<token_range>{{0, 100}}, p); }) == "query");
+  REQUIRE(p.empty(0));  // nothing merged
+
+  // A NaN in device queries: refused, and the device output keeps its poison.
+  device_batch<float> b(g, {300}, floe::gqa_shape{4, 1}, 64);
+  b.queries[0][2 * b.q_stride + 7] = std::nanf("");
+  ft::cuda_array<float> bad_q(b.queries[0], where::device);
+  auto seqs = b.sequences();
+  seqs[0].queries = bad_q.data();
+  const auto before = b.dout[0]->to_host();
+  REQUIRE(name_of([&] { ex.decode<floe::kv_view<float>>(seqs, b.shape, 0.125f); }) == "sequence.queries");
+  const auto after = b.dout[0]->to_host();
+  REQUIRE(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
+  REQUIRE(name_of([&] { ex.decode<floe::kv_view<float>>(seqs, b.shape, 0.f); }) == "scale");
+  REQUIRE(name_of([&] { ex.decode<floe::kv_view<float>>(seqs, floe::gqa_shape{6, 4}, 0.125f); }) == "q_heads");
+}
