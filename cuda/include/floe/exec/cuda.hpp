@@ -335,10 +335,11 @@ class cuda {
   }
 
   // Tokens per chunk for `work` tokens (over all groups and head slices) in one launch:
-  // about a dozen chunks per multiprocessor, 256 to 4096 tokens each, unless set.
+  // about three chunks per multiprocessor, 256 to 4096 tokens each (a power of two),
+  // unless set. On the H200, 2048 beat 512 and 1024 at 128K, batch 1 (docs/cuda-executor.md).
   std::int32_t chunk_tokens_for(index_t work) const {
     if (opt_.chunk_tokens) return static_cast<std::int32_t>(opt_.chunk_tokens);
-    index_t want = work / (index_t(multiprocessors_) * 12), cap = 256;
+    index_t want = work / (index_t(multiprocessors_) * 3), cap = 256;
     while (cap < 4096 && cap * 2 <= want) cap *= 2;
     return static_cast<std::int32_t>(cap);
   }
