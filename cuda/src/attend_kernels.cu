@@ -119,36 +119,6 @@ struct subgroup_state {
     }
   }
 
-  // Folds two tokens (rows k[u], v[u]; valid[u] false past the chunk) in, one rescale.
-  __device__ void fold(const float (&k)[2][W], const float (&v)[2][W], const bool (&valid)[2]) {
-#pragma unroll
-    for (int h = 0; h < HP; ++h) {
-      float z[2], top = -INFINITY;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        float dot = 0.f;
-#pragma unroll
-        for (int e = 0; e < W; ++e) dot = fmaf(q[h][e], k[u][e], dot);
-        z[u] = sum16(dot);  // every lane of the warp shuffles, valid or not
-        if (valid[u]) top = fmaxf(top, z[u]);
-      }
-      if (top > m[h]) {  // rescale what we have to the new maximum
-        const float r = exp2f(m[h] - top);
-        l[h] *= r;
-#pragma unroll
-        for (int e = 0; e < W; ++e) acc[h][e] *= r;
-        m[h] = top;
-      }
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const float w = valid[u] ? exp2f(z[u] - m[h]) : 0.f;
-        l[h] += w;
-#pragma unroll
-        for (int e = 0; e < W; ++e) acc[h][e] = fmaf(w, v[u][e], acc[h][e]);
-      }
-    }
-  }
-
   // Folds U tokens in, rows fetched one at a time by key(u, out) / value(u, out) (keys
   // first: all scores, one rescale per head, then the values), so no row is held longer
   // than its use. valid(u) is false past the chunk.
@@ -257,7 +227,9 @@ __global__ void __launch_bounds__(block_threads) attend_chunks(const run* runs, 
         for (int e = 0; e < W; ++e) k[u][e] = v[u][e] = 0.f;
       }
     }
-    st.fold(k, v, valid);
+    st.template fold_rows<2>([&](int u, float* out) { for (int e = 0; e < W; ++e) out[e] = k[u][e]; },
+                             [&](int u, float* out) { for (int e = 0; e < W; ++e) out[e] = v[u][e]; },
+                             [&](int u) { return valid[u]; });
   }
   __shared__ float sm_a[subgroups * HP * lanes_per_token * W];
   st.store(g, dv_max, lane, sub, sm_a, work + static_cast<std::int64_t>(blockIdx.x) * HP * (2 + dv_max));
