@@ -1,6 +1,7 @@
 // Decode-attention kernels of floe::exec::cuda: one thread block per chunk of a group's
-// rows, 16 lanes per token (4 elements each per 64-element slot), the g query heads of
-// the group served by one read of each row; chunk partials are merged per group.
+// rows, 16 (or 8) lanes per token with 16 bytes of the row each per slot, the g query
+// heads of the group served by one read of each row; chunk partials are merged per
+// group. docs/cuda-executor.md.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -13,7 +14,11 @@
 namespace floe::cuda_detail {
 namespace {
 
-constexpr int block_threads = 128, lanes_per_token = 16, subgroups = block_threads / lanes_per_token;
+// L lanes take one token (16 by default; 8 for 64-element rows of 16-bit types, which
+// fill only 8 lanes with 16 bytes each); a block of 128 threads holds 128 / L subgroups.
+constexpr int block_threads = 128;
+template <int L>
+constexpr int subgroups_of = block_threads / L;
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw cuda_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -57,18 +62,18 @@ struct vec16<__nv_bfloat16> {
 };
 
 // Element e of this lane's slice of a row: slot s holds elements (s*16 + lane)*V + 0..V-1.
-template <class T, int SLOTS>
+template <class T, int L>
 __device__ int element_of(int s, int lane, int t) {
-  return (s * lanes_per_token + lane) * vec_of<T> + t;
+  return (s * L + lane) * vec_of<T> + t;
 }
 
 // This lane's elements of a row of length n (zeros past n).
-template <class T, int SLOTS>
+template <class T, int SLOTS, int L = 16>
 __device__ void load_row(const T* row, int n, int lane, bool aligned, float (&out)[SLOTS * vec_of<T>]) {
   constexpr int V = vec_of<T>;
 #pragma unroll
   for (int s = 0; s < SLOTS; ++s) {
-    const int e = element_of<T, SLOTS>(s, lane, 0);
+    const int e = element_of<T, L>(s, lane, 0);
     if (aligned && e < n) {
       vec16<T>::load(row + e, out + s * V);
     } else {
@@ -78,9 +83,10 @@ __device__ void load_row(const T* row, int n, int lane, bool aligned, float (&ou
   }
 }
 
-__device__ float sum16(float x) {
+template <int L = 16>
+__device__ float sum_lanes(float x) {
 #pragma unroll
-  for (int o = lanes_per_token / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  for (int o = L / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
 
@@ -94,12 +100,12 @@ struct run_cursor {
 };
 
 constexpr float log2e = 1.4426950408889634f, ln2 = 0.6931471805599453f;
-constexpr int tile_tokens = 2 * subgroups;  // tokens a block takes per step: two per subgroup
 
 // The online-softmax state of one subgroup over the group's heads (base 2), with this
 // lane's slice of the scaled queries and of the value accumulators.
-template <class T, int SLOTS, int HP>
+template <class T, int SLOTS, int HP, int L>
 struct subgroup_state {
+  static constexpr int subgroups = subgroups_of<L>;
   static constexpr int V = vec_of<T>, W = SLOTS * V;
   float q[HP][W], acc[HP][W], m[HP], l[HP];
 
@@ -110,7 +116,7 @@ struct subgroup_state {
       for (int s = 0; s < SLOTS; ++s)
 #pragma unroll
         for (int t = 0; t < V; ++t) {
-          const int e = element_of<T, SLOTS>(s, lane, t);
+          const int e = element_of<T, L>(s, lane, t);
           q[h][s * V + t] = h < g.heads && e < g.d ? g.q[h * g.q_stride + e] * (g.scale * log2e) : 0.f;
           acc[h][s * V + t] = 0.f;
         }
@@ -134,7 +140,7 @@ struct subgroup_state {
         float dot = 0.f;
 #pragma unroll
         for (int e = 0; e < W; ++e) dot = fmaf(q[h][e], k[e], dot);
-        z[u][h] = sum16(dot);  // every lane of the warp shuffles, valid or not
+        z[u][h] = sum_lanes<L>(dot);  // every lane of the warp shuffles, valid or not
       }
     }
 #pragma unroll
@@ -166,17 +172,17 @@ struct subgroup_state {
   }
 
   // Merges the block's subgroup states into the chunk's partial at `out` (m in natural
-  // units), through shared memory: sm_a holds subgroups * HP * 16 * W floats.
+  // units), through shared memory: sm_a holds block_threads * HP * W floats.
   __device__ void store(const group_desc& g, int dv_max, int lane, int sub, float* sm_a, float* out) const {
     __shared__ float sm_m[subgroups][HP], sm_l[subgroups][HP];
-    constexpr int row = lanes_per_token * W;
+    constexpr int row = L * W;
 #pragma unroll
     for (int h = 0; h < HP; ++h) {
       if (lane == 0) sm_m[sub][h] = m[h], sm_l[sub][h] = l[h];
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s)
 #pragma unroll
-        for (int t = 0; t < V; ++t) sm_a[(sub * HP + h) * row + element_of<T, SLOTS>(s, lane, t)] = acc[h][s * V + t];
+        for (int t = 0; t < V; ++t) sm_a[(sub * HP + h) * row + element_of<T, L>(s, lane, t)] = acc[h][s * V + t];
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < g.heads * g.dv; idx += block_threads) {
@@ -196,16 +202,16 @@ struct subgroup_state {
   }
 };
 
-// One chunk's exact partial, rows read straight into registers (any alignment): 8
-// subgroups of 16 lanes, each taking two tokens a step, both rows loaded before use.
-template <class T, int SLOTS, int HP>
+// One chunk's exact partial, rows read straight into registers (any alignment):
+// subgroups of L lanes, each taking two tokens a step, both rows loaded before use.
+template <class T, int SLOTS, int HP, int L>
 __global__ void __launch_bounds__(block_threads) attend_chunks(const run* runs, const chunk* chunks,
                                                                const group_desc* groups, int dv_max, float* work) {
-  using state_t = subgroup_state<T, SLOTS, HP>;
-  constexpr int W = state_t::W;
+  using state_t = subgroup_state<T, SLOTS, HP, L>;
+  constexpr int W = state_t::W, subgroups = subgroups_of<L>, tile_tokens = 2 * subgroups;
   const chunk c = chunks[blockIdx.x];
   const group_desc g = groups[c.group];
-  const int lane = threadIdx.x % lanes_per_token, sub = threadIdx.x / lanes_per_token;
+  const int lane = threadIdx.x % L, sub = threadIdx.x / L;
   const bool aligned = g.aligned != 0;
   state_t st;
   st.init(g, lane);
@@ -220,8 +226,8 @@ __global__ void __launch_bounds__(block_threads) attend_chunks(const run* runs, 
       if (valid[u]) {
         cur.seek(j);
         const std::int64_t i = j - cur.start;
-        load_row<T, SLOTS>(static_cast<const T*>(cur.r->keys) + i * g.key_stride, g.d, lane, aligned, k[u]);
-        load_row<T, SLOTS>(static_cast<const T*>(cur.r->values) + i * g.value_stride, g.dv, lane, aligned, v[u]);
+        load_row<T, SLOTS, L>(static_cast<const T*>(cur.r->keys) + i * g.key_stride, g.d, lane, aligned, k[u]);
+        load_row<T, SLOTS, L>(static_cast<const T*>(cur.r->values) + i * g.value_stride, g.dv, lane, aligned, v[u]);
       } else {
 #pragma unroll
         for (int e = 0; e < W; ++e) k[u][e] = v[u][e] = 0.f;
@@ -231,7 +237,7 @@ __global__ void __launch_bounds__(block_threads) attend_chunks(const run* runs, 
                              [&](int u, float* out) { for (int e = 0; e < W; ++e) out[e] = v[u][e]; },
                              [&](int u) { return valid[u]; });
   }
-  __shared__ float sm_a[subgroups * HP * lanes_per_token * W];
+  __shared__ float sm_a[block_threads * HP * W];
   st.store(g, dv_max, lane, sub, sm_a, work + static_cast<std::int64_t>(blockIdx.x) * HP * (2 + dv_max));
 }
 
@@ -246,45 +252,46 @@ __device__ void wait_async() {
 }
 
 constexpr int stages = 3;             // tiles in flight per block
-constexpr int async_tile = 4 * subgroups;  // tokens per tile: four per subgroup
+template <int L>
+constexpr int async_tile = 4 * subgroups_of<L>;  // tokens per tile: four per subgroup
 
 // Shared memory of the pipelined kernel: `stages` tiles of rows, reused afterwards for
 // the merge of the subgroup states.
-template <class T, int SLOTS, int HP>
+template <class T, int SLOTS, int HP, int L>
 std::size_t async_smem_bytes(int d, int dv) {
-  const std::size_t tiles = std::size_t(stages) * async_tile * (d + dv) * sizeof(T);
-  const std::size_t merge = std::size_t(subgroups) * HP * lanes_per_token * SLOTS * vec_of<T> * sizeof(float);
+  const std::size_t tiles = std::size_t(stages) * async_tile<L> * (d + dv) * sizeof(T);
+  const std::size_t merge = std::size_t(block_threads) * HP * SLOTS * vec_of<T> * sizeof(float);
   return tiles > merge ? tiles : merge;
 }
 
 // The same partial for 16-byte aligned rows, with the rows of the next tiles copied into
 // shared memory asynchronously (cp.async) while this tile is folded in: many bytes in
 // flight per block without holding them in registers.
-template <class T, int SLOTS, int HP>
+template <class T, int SLOTS, int HP, int L>
 __global__ void __launch_bounds__(block_threads) attend_chunks_async(const run* runs, const chunk* chunks,
                                                                      const group_desc* groups, int dv_max, float* work) {
-  using state_t = subgroup_state<T, SLOTS, HP>;
-  constexpr int V = vec_of<T>;
+  using state_t = subgroup_state<T, SLOTS, HP, L>;
+  constexpr int V = vec_of<T>, subgroups = subgroups_of<L>, tile = async_tile<L>;
   extern __shared__ __align__(16) unsigned char smem[];
   const chunk c = chunks[blockIdx.x];
   const group_desc g = groups[c.group];
-  const int lane = threadIdx.x % lanes_per_token, sub = threadIdx.x / lanes_per_token;
+  const int lane = threadIdx.x % L, sub = threadIdx.x / L;
   const int key_pieces = g.d * int(sizeof(T)) / 16, pieces = key_pieces + g.dv * int(sizeof(T)) / 16;
-  const int token_bytes = pieces * 16, stage_bytes = async_tile * token_bytes;
-  const int tiles = (c.tokens + async_tile - 1) / async_tile;
+  const int token_bytes = pieces * 16, stage_bytes = tile * token_bytes;
+  const int tiles = (c.tokens + tile - 1) / tile;
   // Copying: 4 threads per token of a tile, each taking every 4th 16-byte piece of its
   // token's key and value rows (no division per piece; one run lookup per tile).
-  constexpr int copiers = block_threads / async_tile;
+  constexpr int copiers = block_threads / tile;
   const int my_token = threadIdx.x / copiers, my_piece = threadIdx.x % copiers;
   run_cursor copier{runs + c.first_run};
-  auto issue = [&](int tile) {
-    const int j = tile * async_tile + my_token;
+  auto issue = [&](int t) {
+    const int j = t * tile + my_token;
     if (j >= c.tokens) return;
     copier.seek(j);
     const std::int64_t i = j - copier.start;
     const auto* key = reinterpret_cast<const unsigned char*>(static_cast<const T*>(copier.r->keys) + i * g.key_stride);
     const auto* value = reinterpret_cast<const unsigned char*>(static_cast<const T*>(copier.r->values) + i * g.value_stride);
-    unsigned char* dst = smem + (tile % stages) * stage_bytes + my_token * token_bytes;
+    unsigned char* dst = smem + (t % stages) * stage_bytes + my_token * token_bytes;
     for (int piece = my_piece; piece < pieces; piece += copiers)
       copy16_async(dst + piece * 16, piece < key_pieces ? key + piece * 16 : value + (piece - key_pieces) * 16);
   };
@@ -301,11 +308,11 @@ __global__ void __launch_bounds__(block_threads) attend_chunks_async(const run* 
     const unsigned char* stage = smem + (t % stages) * stage_bytes;
     // Subgroup `sub` takes tokens sub, sub + 8, sub + 16, sub + 24 of the tile.
     auto row_of = [&](int u) { return stage + (u * subgroups + sub) * token_bytes; };
-    auto valid = [&](int u) { return t * async_tile + u * subgroups + sub < c.tokens; };
+    auto valid = [&](int u) { return t * tile + u * subgroups + sub < c.tokens; };
     auto fetch = [&](const T* row, int n, int u, float* out) {
 #pragma unroll
       for (int s2 = 0; s2 < SLOTS; ++s2) {
-        const int e = element_of<T, SLOTS>(s2, lane, 0);
+        const int e = element_of<T, L>(s2, lane, 0);
         if (valid(u) && e < n) {
           vec16<T>::load(row + e, out + s2 * V);
         } else {
@@ -397,13 +404,14 @@ __global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, c
   constexpr int V = vec_of<T>, W = SLOTS * V;
   const chunk c = chunks[blockIdx.x];
   const group_desc g = groups[c.group];
-  const int lane = threadIdx.x % lanes_per_token, sub = threadIdx.x / lanes_per_token;
+  constexpr int subgroups = subgroups_of<16>;
+  const int lane = threadIdx.x % 16, sub = threadIdx.x / 16;
   float q[W];
 #pragma unroll
   for (int s = 0; s < SLOTS; ++s)
 #pragma unroll
     for (int t = 0; t < V; ++t) {
-      const int e = element_of<T, SLOTS>(s, lane, t);
+      const int e = element_of<T, 16>(s, lane, t);
       q[s * V + t] = e < g.d ? g.q[e] : 0.f;
     }
   run_cursor cur{runs + c.first_run};
@@ -421,7 +429,7 @@ __global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, c
     float dot = 0.f;
 #pragma unroll
     for (int e = 0; e < W; ++e) dot = fmaf(q[e], k[e], dot);
-    dot = sum16(dot);
+    dot = sum_lanes(dot);
     if (j < c.tokens && lane == 0) z[c.first_token + j] = g.scale * dot;
   }
 }
@@ -437,12 +445,12 @@ __global__ void find_nonfinite(const group_desc* groups, unsigned long long* fir
   }
 }
 
-template <class T, int SLOTS, int HP>
+template <class T, int SLOTS, int HP, int L>
 void attend_as(const launch_args& a) {
   if (a.chunk_count > 0) {
     if (a.all_aligned) {
-      const std::size_t smem = async_smem_bytes<T, SLOTS, HP>(a.row, a.row);
-      auto* kernel = attend_chunks_async<T, SLOTS, HP>;
+      const std::size_t smem = async_smem_bytes<T, SLOTS, HP, L>(a.row, a.row);
+      auto* kernel = attend_chunks_async<T, SLOTS, HP, L>;
       // Past 48 KiB in all (the merge's static arrays included) a kernel must opt in.
       static thread_local std::size_t allowed = 32 * 1024;
       if (smem > allowed) {
@@ -451,7 +459,7 @@ void attend_as(const launch_args& a) {
       }
       kernel<<<a.chunk_count, block_threads, smem, cudaStreamPerThread>>>(a.runs, a.chunks, a.groups, a.dv_max, a.work);
     } else {
-      attend_chunks<T, SLOTS, HP><<<a.chunk_count, block_threads, 0, cudaStreamPerThread>>>(a.runs, a.chunks, a.groups,
+      attend_chunks<T, SLOTS, HP, L><<<a.chunk_count, block_threads, 0, cudaStreamPerThread>>>(a.runs, a.chunks, a.groups,
                                                                                            a.dv_max, a.work);
     }
   }
@@ -461,29 +469,32 @@ void attend_as(const launch_args& a) {
   check(cudaGetLastError(), "merge kernel launch");
 }
 
-template <class T, int SLOTS>
+template <class T, int SLOTS, int L>
 void attend_slots(const launch_args& a) {
-  if (a.heads_pass == 1) attend_as<T, SLOTS, 1>(a);
-  else if (a.heads_pass == 4) attend_as<T, SLOTS, 4>(a);
+  if (a.heads_pass == 1) attend_as<T, SLOTS, 1, L>(a);
+  else if (a.heads_pass == 4) attend_as<T, SLOTS, 4, L>(a);
   else if constexpr (SLOTS * vec_of<T> <= 8)  // 8 heads a pass only while the registers hold them
-    attend_as<T, SLOTS, 8>(a);
+    attend_as<T, SLOTS, 8, L>(a);
   else
     throw cuda_error("no kernel for 8 heads a pass at rows over 128");
 }
 
-// Slots of 16 lanes x 16 bytes a row of `row` elements needs: 1, 2 or 4.
-template <class T>
+// Slots of L lanes x 16 bytes a row of `row` elements needs: 1, 2 or 4.
+template <class T, int L = 16>
 int slots_for(int row) {
-  const int per = lanes_per_token * vec_of<T>, s = (row + per - 1) / per;
+  const int per = L * vec_of<T>, s = (row + per - 1) / per;
   return s <= 1 ? 1 : s == 2 ? 2 : 4;
 }
 
 template <class T>
 void attend_type(const launch_args& a) {
+  if constexpr (vec_of<T> == 8) {
+    if (a.row <= 64) return attend_slots<T, 1, 8>(a);  // 8 lanes of 16 bytes hold the row
+  }
   const int slots = slots_for<T>(a.row);
-  if (slots == 1) attend_slots<T, 1>(a);
-  else if (slots == 2) attend_slots<T, 2>(a);
-  else if constexpr (vec_of<T> == 4) attend_slots<T, 4>(a);
+  if (slots == 1) attend_slots<T, 1, 16>(a);
+  else if (slots == 2) attend_slots<T, 2, 16>(a);
+  else if constexpr (vec_of<T> == 4) attend_slots<T, 4, 16>(a);
 }
 
 template <class T>
