@@ -97,6 +97,13 @@ struct run_cursor {
   __device__ void seek(int j) {
     while (j >= start + r->count) start += (r++)->count;
   }
+  // The row of token j (after seek(j)) counted from the run's keys / values.
+  __device__ std::int64_t row(int j) const {
+    const int i = j - start;
+    if (r->table == nullptr) return i;
+    const int t = r->first + i;
+    return std::int64_t(r->table[t / r->block_size]) * r->block_size + t % r->block_size;
+  }
 };
 
 constexpr float log2e = 1.4426950408889634f, ln2 = 0.6931471805599453f;
@@ -225,7 +232,7 @@ __global__ void __launch_bounds__(block_threads) attend_chunks(const run* runs, 
       valid[u] = j < c.tokens;
       if (valid[u]) {
         cur.seek(j);
-        const std::int64_t i = j - cur.start;
+        const std::int64_t i = cur.row(j);
         load_row<T, SLOTS, L>(static_cast<const T*>(cur.r->keys) + i * g.key_stride, g.d, lane, aligned, k[u]);
         load_row<T, SLOTS, L>(static_cast<const T*>(cur.r->values) + i * g.value_stride, g.dv, lane, aligned, v[u]);
       } else {
@@ -288,7 +295,7 @@ __global__ void __launch_bounds__(block_threads) attend_chunks_async(const run* 
     const int j = t * tile + my_token;
     if (j >= c.tokens) return;
     copier.seek(j);
-    const std::int64_t i = j - copier.start;
+    const std::int64_t i = copier.row(j);
     const auto* key = reinterpret_cast<const unsigned char*>(static_cast<const T*>(copier.r->keys) + i * g.key_stride);
     const auto* value = reinterpret_cast<const unsigned char*>(static_cast<const T*>(copier.r->values) + i * g.value_stride);
     unsigned char* dst = smem + (t % stages) * stage_bytes + my_token * token_bytes;
@@ -420,7 +427,7 @@ __global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, c
     float k[W];
     if (j < c.tokens) {
       cur.seek(j);
-      load_row<T, SLOTS>(static_cast<const T*>(cur.r->keys) + (j - cur.start) * g.key_stride, g.d, lane,
+      load_row<T, SLOTS>(static_cast<const T*>(cur.r->keys) + cur.row(j) * g.key_stride, g.d, lane,
                          g.aligned != 0, k);
     } else {
 #pragma unroll

@@ -169,6 +169,77 @@ TEST_CASE("cuda batch decode on device memory equals the scalar reference (float
 TEST_CASE("cuda batch decode on device memory equals the scalar reference (half)", "[cuda]") { batch_case<floe::half>(12); }
 TEST_CASE("cuda batch decode on device memory equals the scalar reference (bfloat16)", "[cuda]") { batch_case<floe::bfloat16>(13); }
 
+namespace {
+
+// Batch decode over paged KV in device memory: the kernels read each view's block table
+// on the device. Odd heads take the table of the head before them (a table shared by
+// views, staged once); sequences have tables of their own.
+template <class T>
+void paged_batch_case(std::uint64_t salt) {
+  INFO("seed " << ft::seed() << " type " << floe::element_name<T>());
+  auto g = ft::rng(salt);
+  const floe::gqa_shape shape{16, 4};  // heads 0 and 2: distinct tables of one length
+  const index_t d = 128, gq = shape.group();
+  const float scale = 1.f / std::sqrt(float(d));
+  for (index_t block : {16, 256}) {
+    INFO("block " << block);
+    const std::vector<index_t> lengths{5000, 1, 333};
+    std::vector<std::unique_ptr<ft::random_kv<T>>> host;
+    std::vector<std::unique_ptr<ft::cuda_kv<T>>> dev;
+    std::vector<std::vector<floe::paged_kv_view<T>>> views, refs;
+    std::vector<std::vector<float>> queries;
+    std::vector<std::unique_ptr<ft::cuda_array<float>>> dq, dout;
+    std::vector<std::vector<token_range>> exact;
+    for (index_t n : lengths) {
+      views.emplace_back();
+      refs.emplace_back();
+      for (index_t h = 0; h < shape.kv_heads; ++h) {
+        host.push_back(std::make_unique<ft::random_kv<T>>(g, n, d, d, 0, block));
+        dev.push_back(std::make_unique<ft::cuda_kv<T>>(*host.back(), ft::cuda_array<T>::device));
+        const auto& hk = *host.back();
+        const auto& table = h % 2 ? host[host.size() - 2]->table : hk.table;
+        const index_t pool = hk.keys.size() / hk.key_stride / block;
+        views.back().push_back({dev.back()->keys.data(), dev.back()->values.data(), pool, block, table, n, d, d});
+        refs.back().push_back({hk.keys.data(), hk.values.data(), pool, block, table, n, d, d});
+        exact.push_back(scattered(n));
+      }
+      queries.push_back(ft::random_floats(g, shape.q_heads * d));
+      dq.push_back(std::make_unique<ft::cuda_array<float>>(queries.back(), where::device));
+      dout.push_back(std::make_unique<ft::cuda_array<float>>(
+          std::vector<float>(shape.q_heads * d, std::numeric_limits<float>::quiet_NaN()), where::device));
+    }
+    std::vector<floe::sequence<floe::paged_kv_view<T>>> seqs;
+    for (index_t s = 0; s < lengths.size(); ++s) seqs.push_back({views[s], dq[s]->data(), dout[s]->data()});
+    const floe::exec::cuda ex, tiny({0, 7});
+    for (bool gathered : {false, true}) {
+      INFO("gathered " << gathered);
+      if (gathered) tiny.decode_gathered<floe::paged_kv_view<T>>(seqs, shape, scale, exact);
+      else ex.decode<floe::paged_kv_view<T>>(seqs, shape, scale);
+      for (index_t s = 0; s < lengths.size(); ++s) {
+        const auto got = dout[s]->to_host();
+        for (index_t h = 0; h < shape.kv_heads; ++h) {
+          const floe::query_group q{queries[s].data() + h * gq * d, gq, d, d, scale};
+          floe::partial_set<double> want(gq, d);
+          const auto ranges = gathered ? exact[s * shape.kv_heads + h] : std::vector<token_range>{{0, lengths[s]}};
+          floe::exec::scalar{}.attend(refs[s][h], q, ranges, want);
+          std::vector<float> ref(gq * d);
+          want.finalize(floe::output_group<float>{ref.data(), gq, d, 0});
+          REQUIRE(ft::max_relative_error(got.data() + h * gq * d, d, ref.data(), d, gq, d) <= 1e-5);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda batch decode over paged device KV equals the scalar reference (half)", "[cuda]") {
+  paged_batch_case<floe::half>(14);
+}
+TEST_CASE("cuda batch decode over paged device KV equals the scalar reference (float)", "[cuda]") {
+  paged_batch_case<float>(15);
+}
+
 TEST_CASE("cuda executor refuses bad input by name before writing", "[cuda]") {
   INFO("seed " << ft::seed());
   auto g = ft::rng(21);

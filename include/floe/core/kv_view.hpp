@@ -89,6 +89,10 @@ class paged_kv_view {
   index_t key_stride() const { return key_stride_; }
   index_t value_stride() const { return value_stride_; }
   index_t block_size() const { return block_size_; }
+  index_t pool_blocks() const { return pool_blocks_; }
+  const T* key_pool() const { return keys_; }
+  const T* value_pool() const { return values_; }
+  std::span<const std::int32_t> block_table() const { return table_; }
   const T* key_row(index_t i) const { return keys_ + pool_row(i) * key_stride_; }
   const T* value_row(index_t i) const { return values_ + pool_row(i) * value_stride_; }
 

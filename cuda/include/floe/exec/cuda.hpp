@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -143,6 +145,10 @@ class cuda {
     std::vector<cuda_detail::group_desc> groups;
     std::vector<float> queries;           // host queries, copied up with the plan
     std::vector<std::size_t> query_of;    // per group: offset into `queries`, or npos
+    std::vector<std::int32_t> tables;     // block tables of paged views, copied up with the plan
+    std::vector<std::pair<const std::int32_t*, std::size_t>> table_sources;  // [host table, entries] per table
+    std::vector<std::size_t> table_at;    // per table_sources entry: offset into `tables`
+    std::vector<std::pair<std::size_t, std::size_t>> paged_runs;  // [run, offset into `tables`]
     int max_heads = 1, max_dv = 1;
     bool all_aligned = true;
     std::size_t work_floats = 0, result_floats = 0;
@@ -153,7 +159,8 @@ class cuda {
     std::size_t chunks_at() const { return up(runs_at() + runs.size() * sizeof(cuda_detail::run)); }
     std::size_t groups_at() const { return up(chunks_at() + chunks.size() * sizeof(cuda_detail::chunk)); }
     std::size_t queries_at() const { return up(groups_at() + groups.size() * sizeof(cuda_detail::group_desc)); }
-    std::size_t flag_at() const { return up(queries_at() + queries.size() * sizeof(float)); }
+    std::size_t tables_at() const { return up(queries_at() + queries.size() * sizeof(float)); }
+    std::size_t flag_at() const { return up(tables_at() + tables.size() * sizeof(std::int32_t)); }
     std::size_t work_at() const { return up(flag_at() + sizeof(unsigned long long)); }
     std::size_t results_at() const { return up(work_at() + work_floats * sizeof(float)); }
     std::size_t device_bytes(std::size_t results, std::size_t work_per_chunk = 0) {
@@ -184,27 +191,46 @@ class cuda {
       constexpr index_t vec = 16 / sizeof(T);  // elements of one 16-byte load
       bool aligned = kv.d() % vec == 0 && kv.dv() % vec == 0 && kv.key_stride() % vec == 0 && kv.value_stride() % vec == 0;
       std::int32_t token = 0;
-      auto push = [&](const T* k, const T* v, index_t count) {
-        aligned = aligned && reinterpret_cast<std::uintptr_t>(k) % 16 == 0 && reinterpret_cast<std::uintptr_t>(v) % 16 == 0;
-        while (count > 0) {
+      // Appends `count` tokens as runs cut at chunk boundaries; run_of(offset, take) is the
+      // run of the piece's tokens [offset, offset + take).
+      auto push = [&](index_t count, auto&& run_of) {
+        for (index_t done = 0; done < count;) {
           if (chunks.empty() || chunks.back().group != group || chunks.back().tokens == cap)
             chunks.push_back({group, static_cast<std::int32_t>(runs.size()), 0, 0, token});
           auto& c = chunks.back();
-          const auto take = static_cast<std::int32_t>(std::min<index_t>(count, index_t(cap - c.tokens)));
-          runs.push_back({k, v, take});
+          const auto take = static_cast<std::int32_t>(std::min<index_t>(count - done, index_t(cap - c.tokens)));
+          runs.push_back(run_of(done, take));
           c.runs += 1;
           c.tokens += take;
           token += take;
-          k += index_t(take) * kv.key_stride();
-          v += index_t(take) * kv.value_stride();
-          count -= index_t(take);
+          done += index_t(take);
         }
       };
-      for (const token_range& r : ranges) {
-        if constexpr (requires { kv.for_each_run(r.begin, r.end, [](index_t, index_t, const T*, const T*) {}); })
-          kv.for_each_run(r.begin, r.end, [&](index_t, index_t count, const T* k, const T* v) { push(k, v, count); });
-        else
-          for (index_t i = r.begin; i < r.end; ++i) push(kv.key_row(i), kv.value_row(i), 1);
+      auto push_rows = [&](const T* k, const T* v, index_t count) {
+        aligned = aligned && reinterpret_cast<std::uintptr_t>(k) % 16 == 0 && reinterpret_cast<std::uintptr_t>(v) % 16 == 0;
+        push(count, [&](index_t offset, std::int32_t take) {
+          return cuda_detail::run{k + offset * kv.key_stride(), v + offset * kv.value_stride(), nullptr, take, 0, 0};
+        });
+      };
+      if constexpr (requires { kv.block_table(); kv.key_pool(); kv.value_pool(); }) {
+        // Paged: one run per range, its rows found through the block table on the device.
+        const T* k = kv.key_pool();
+        const T* v = kv.value_pool();
+        aligned = aligned && reinterpret_cast<std::uintptr_t>(k) % 16 == 0 && reinterpret_cast<std::uintptr_t>(v) % 16 == 0;
+        const std::size_t table = stage_table(kv.block_table().data(), (kv.n() + kv.block_size() - 1) / kv.block_size());
+        const auto block_size = static_cast<std::int32_t>(kv.block_size());
+        for (const token_range& r : ranges)
+          push(r.size(), [&](index_t offset, std::int32_t take) {
+            paged_runs.emplace_back(runs.size(), table);
+            return cuda_detail::run{k, v, nullptr, take, static_cast<std::int32_t>(r.begin + offset), block_size};
+          });
+      } else {
+        for (const token_range& r : ranges) {
+          if constexpr (requires { kv.for_each_run(r.begin, r.end, [](index_t, index_t, const T*, const T*) {}); })
+            kv.for_each_run(r.begin, r.end, [&](index_t, index_t count, const T* k, const T* v) { push_rows(k, v, count); });
+          else
+            for (index_t i = r.begin; i < r.end; ++i) push_rows(kv.key_row(i), kv.value_row(i), 1);
+        }
       }
       desc.chunks = static_cast<std::int32_t>(chunks.size()) - desc.first_chunk;
       desc.aligned = aligned ? 1 : 0;
@@ -215,13 +241,32 @@ class cuda {
       query_of.push_back(query_offset);
     }
 
-    // Copies the plan (with device query pointers patched in) into the device block.
+    // Offset into `tables` of the first `entries` entries of a host block table, staged
+    // once per call however many views share it.
+    std::size_t stage_table(const std::int32_t* table, index_t entries) {
+      const std::pair<const std::int32_t*, std::size_t> source{table, std::size_t(entries)};
+      for (std::size_t i = 0; i < table_sources.size(); ++i)
+        if (table_sources[i] == source) return table_at[i];
+      table_sources.push_back(source);
+      table_at.push_back(tables.size());
+      tables.insert(tables.end(), table, table + entries);
+      return table_at.back();
+    }
+
+    // Copies the plan (with device query and block-table pointers patched in) into the
+    // device block.
     void upload(const device_block& m) {
       std::vector<cuda_detail::group_desc> patched = groups;
       for (std::size_t gi = 0; gi < groups.size(); ++gi)
         if (query_of[gi] != npos) patched[gi].q = reinterpret_cast<const float*>(m.p + queries_at()) + query_of[gi];
       std::vector<char> host(work_at());
       std::copy_n(reinterpret_cast<const char*>(runs.data()), runs.size() * sizeof(cuda_detail::run), host.data() + runs_at());
+      for (const auto& [r, offset] : paged_runs) {
+        const auto* table = reinterpret_cast<const std::int32_t*>(m.p + tables_at()) + offset;
+        std::memcpy(host.data() + runs_at() + r * sizeof(cuda_detail::run) + offsetof(cuda_detail::run, table), &table,
+                    sizeof table);
+      }
+      std::copy_n(reinterpret_cast<const char*>(tables.data()), tables.size() * sizeof(std::int32_t), host.data() + tables_at());
       std::copy_n(reinterpret_cast<const char*>(chunks.data()), chunks.size() * sizeof(cuda_detail::chunk), host.data() + chunks_at());
       std::copy_n(reinterpret_cast<const char*>(patched.data()), patched.size() * sizeof(cuda_detail::group_desc), host.data() + groups_at());
       std::copy_n(reinterpret_cast<const char*>(queries.data()), queries.size() * sizeof(float), host.data() + queries_at());

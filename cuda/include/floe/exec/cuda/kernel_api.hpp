@@ -20,11 +20,15 @@ namespace cuda_detail {
 
 enum class element : int { f32 = 0, f16 = 1, bf16 = 2 };
 
-// Evenly strided rows on the device: `count` keys from `keys`, values from `values`.
+// `count` rows on the device. Strided (table null): evenly strided rows from `keys` and
+// `values`. Paged: tokens first, first + 1, ... of a sequence whose token t sits in row
+// table[t / block_size] * block_size + t % block_size of the pools `keys` and `values`
+// (the block table is read on the device, so a run may span any number of blocks).
 struct run {
   const void* keys;
   const void* values;
-  std::int32_t count;
+  const std::int32_t* table;
+  std::int32_t count, first, block_size;
 };
 
 // One thread block's work: runs [first_run, first_run + runs) of one group, holding
