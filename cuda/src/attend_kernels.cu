@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 
 #include "floe/exec/cuda/kernel_api.hpp"
@@ -107,6 +108,18 @@ struct run_cursor {
 };
 
 constexpr float log2e = 1.4426950408889634f, ln2 = 0.6931471805599453f;
+
+// The query check of group `group`, run by one whole block: the lowest (group, head,
+// element) whose query is NaN or Inf goes into `first`, packed in one 64-bit key.
+__device__ void find_nonfinite(const group_desc* groups, int group, unsigned long long* first) {
+  const group_desc g = groups[group];
+  for (int idx = threadIdx.x; idx < g.heads * g.d; idx += block_threads) {
+    const int h = idx / g.d, e = idx % g.d;
+    if (!isfinite(g.q[h * g.q_stride + e]))
+      atomicMin(first, (static_cast<unsigned long long>(group) << 40) | (static_cast<unsigned long long>(h) << 20) |
+                           static_cast<unsigned long long>(e));
+  }
+}
 
 // The online-softmax state of one subgroup over the group's heads (base 2), with this
 // lane's slice of the scaled queries and of the value accumulators.
@@ -212,10 +225,11 @@ struct subgroup_state {
 // One chunk's exact partial, rows read straight into registers (any alignment):
 // subgroups of L lanes, each taking two tokens a step, both rows loaded before use.
 template <class T, int SLOTS, int HP, int L>
-__global__ void __launch_bounds__(block_threads) attend_chunks(const run* runs, const chunk* chunks,
+__global__ void __launch_bounds__(block_threads) attend_chunks(const run* runs, const chunk* chunks, int chunk_count, unsigned long long* check,
                                                                const group_desc* groups, int dv_max, float* work) {
   using state_t = subgroup_state<T, SLOTS, HP, L>;
   constexpr int W = state_t::W, subgroups = subgroups_of<L>, tile_tokens = 2 * subgroups;
+  if (int(blockIdx.x) >= chunk_count) return find_nonfinite(groups, blockIdx.x - chunk_count, check);
   const chunk c = chunks[blockIdx.x];
   const group_desc g = groups[c.group];
   const int lane = threadIdx.x % L, sub = threadIdx.x / L;
@@ -275,11 +289,12 @@ std::size_t async_smem_bytes(int d, int dv) {
 // shared memory asynchronously (cp.async) while this tile is folded in: many bytes in
 // flight per block without holding them in registers.
 template <class T, int SLOTS, int HP, int L>
-__global__ void __launch_bounds__(block_threads) attend_chunks_async(const run* runs, const chunk* chunks,
+__global__ void __launch_bounds__(block_threads) attend_chunks_async(const run* runs, const chunk* chunks, int chunk_count, unsigned long long* check,
                                                                      const group_desc* groups, int dv_max, float* work) {
   using state_t = subgroup_state<T, SLOTS, HP, L>;
   constexpr int V = vec_of<T>, subgroups = subgroups_of<L>, tile = async_tile<L>;
   extern __shared__ __align__(16) unsigned char smem[];
+  if (int(blockIdx.x) >= chunk_count) return find_nonfinite(groups, blockIdx.x - chunk_count, check);
   const chunk c = chunks[blockIdx.x];
   const group_desc g = groups[c.group];
   const int lane = threadIdx.x % L, sub = threadIdx.x / L;
@@ -441,20 +456,11 @@ __global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, c
   }
 }
 
-// Lowest (group, head, element) whose query is NaN or Inf, packed in one 64-bit key.
-__global__ void find_nonfinite(const group_desc* groups, unsigned long long* first) {
-  const group_desc g = groups[blockIdx.x];
-  for (int idx = threadIdx.x; idx < g.heads * g.d; idx += block_threads) {
-    const int h = idx / g.d, e = idx % g.d;
-    if (!isfinite(g.q[h * g.q_stride + e]))
-      atomicMin(first, (static_cast<unsigned long long>(blockIdx.x) << 40) | (static_cast<unsigned long long>(h) << 20) |
-                           static_cast<unsigned long long>(e));
-  }
-}
-
 template <class T, int SLOTS, int HP, int L>
 void attend_as(const launch_args& a) {
-  if (a.chunk_count > 0) {
+  // Blocks past the chunks check one group's device queries each (a.check non-null).
+  const int blocks = a.chunk_count + (a.check ? a.group_count : 0);
+  if (blocks > 0) {
     if (a.all_aligned) {
       const std::size_t smem = async_smem_bytes<T, SLOTS, HP, L>(a.row, a.row);
       auto* kernel = attend_chunks_async<T, SLOTS, HP, L>;
@@ -464,15 +470,16 @@ void attend_as(const launch_args& a) {
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "shared memory size");
         allowed = smem;
       }
-      kernel<<<a.chunk_count, block_threads, smem, cudaStreamPerThread>>>(a.runs, a.chunks, a.groups, a.dv_max, a.work);
+      kernel<<<blocks, block_threads, smem, cudaStreamPerThread>>>(a.runs, a.chunks, a.chunk_count, a.check, a.groups,
+                                                                   a.dv_max, a.work);
     } else {
-      attend_chunks<T, SLOTS, HP, L><<<a.chunk_count, block_threads, 0, cudaStreamPerThread>>>(a.runs, a.chunks, a.groups,
-                                                                                           a.dv_max, a.work);
+      attend_chunks<T, SLOTS, HP, L><<<blocks, block_threads, 0, cudaStreamPerThread>>>(
+          a.runs, a.chunks, a.chunk_count, a.check, a.groups, a.dv_max, a.work);
     }
   }
   check(cudaGetLastError(), "attend kernel launch");
   merge_groups<HP><<<dim3(a.group_count, HP), block_threads, 0, cudaStreamPerThread>>>(a.groups, a.dv_max, a.work,
-                                                                                      a.results, a.refused);
+                                                                                      a.results, a.check);
   check(cudaGetLastError(), "merge kernel launch");
 }
 
@@ -551,9 +558,25 @@ void to_host(void* dst, const void* src, std::size_t bytes) {
 }
 void synchronize() { check(cudaStreamSynchronize(cudaStreamPerThread), "kernel execution"); }
 
-void launch_find_nonfinite(const group_desc* groups, int group_count, unsigned long long* first) {
-  find_nonfinite<<<group_count, block_threads, 0, cudaStreamPerThread>>>(groups, first);
-  check(cudaGetLastError(), "query check launch");
+
+void* host_staging(std::size_t bytes) {
+  struct pinned {
+    void* p = nullptr;
+    std::size_t size = 0;
+    ~pinned() {
+      if (p) (void)cudaFreeHost(p);
+    }
+  };
+  static thread_local pinned buffer;
+  if (buffer.size < bytes) {
+    if (buffer.p) check(cudaFreeHost(buffer.p), "cudaFreeHost");
+    buffer.p = nullptr;
+    buffer.size = 0;
+    const std::size_t want = std::max<std::size_t>({bytes, 2 * buffer.size, std::size_t{1} << 16});
+    check(cudaMallocHost(&buffer.p, want), "cudaMallocHost");
+    buffer.size = want;
+  }
+  return buffer.p;
 }
 
 nonfinite_query decode_nonfinite(unsigned long long first) {

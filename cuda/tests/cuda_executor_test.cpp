@@ -280,6 +280,11 @@ TEST_CASE("cuda executor refuses bad input by name before writing", "[cuda]") {
   REQUIRE(name_of([&] { ex.decode<floe::kv_view<float>>(seqs, b.shape, 0.125f); }) == "sequence.queries");
   const auto after = b.dout[0]->to_host();
   REQUIRE(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
+  // The same with nothing selected: no chunk is read, the queries are still checked.
+  const std::vector<std::vector<token_range>> nothing(1);
+  REQUIRE(name_of([&] { ex.decode_gathered<floe::kv_view<float>>(seqs, b.shape, 0.125f, nothing); }) == "sequence.queries");
+  const auto after_empty = b.dout[0]->to_host();
+  REQUIRE(std::memcmp(before.data(), after_empty.data(), before.size() * sizeof(float)) == 0);
   REQUIRE(name_of([&] { ex.decode<floe::kv_view<float>>(seqs, b.shape, 0.f); }) == "scale");
   REQUIRE(name_of([&] { ex.decode<floe::kv_view<float>>(seqs, floe::gqa_shape{6, 4}, 0.125f); }) == "q_heads");
 }

@@ -150,6 +150,7 @@ class cuda {
     std::vector<std::size_t> table_at;    // per table_sources entry: offset into `tables`
     std::vector<std::pair<std::size_t, std::size_t>> paged_runs;  // [run, offset into `tables`]
     int max_heads = 1, max_dv = 1;
+    unsigned long long* readback = nullptr;  // page-locked slot for the query check's flag, set by upload
     bool all_aligned = true;
     std::size_t work_floats = 0, result_floats = 0;
 
@@ -259,20 +260,23 @@ class cuda {
       std::vector<cuda_detail::group_desc> patched = groups;
       for (std::size_t gi = 0; gi < groups.size(); ++gi)
         if (query_of[gi] != npos) patched[gi].q = reinterpret_cast<const float*>(m.p + queries_at()) + query_of[gi];
-      std::vector<char> host(work_at());
-      std::copy_n(reinterpret_cast<const char*>(runs.data()), runs.size() * sizeof(cuda_detail::run), host.data() + runs_at());
+      // Built in page-locked staging (the flag's read-back slot just past it), so that
+      // the upload is one direct copy.
+      char* host = static_cast<char*>(cuda_detail::host_staging(work_at() + sizeof(unsigned long long)));
+      readback = reinterpret_cast<unsigned long long*>(host + work_at());
+      std::copy_n(reinterpret_cast<const char*>(runs.data()), runs.size() * sizeof(cuda_detail::run), host + runs_at());
       for (const auto& [r, offset] : paged_runs) {
         const auto* table = reinterpret_cast<const std::int32_t*>(m.p + tables_at()) + offset;
-        std::memcpy(host.data() + runs_at() + r * sizeof(cuda_detail::run) + offsetof(cuda_detail::run, table), &table,
+        std::memcpy(host + runs_at() + r * sizeof(cuda_detail::run) + offsetof(cuda_detail::run, table), &table,
                     sizeof table);
       }
-      std::copy_n(reinterpret_cast<const char*>(tables.data()), tables.size() * sizeof(std::int32_t), host.data() + tables_at());
-      std::copy_n(reinterpret_cast<const char*>(chunks.data()), chunks.size() * sizeof(cuda_detail::chunk), host.data() + chunks_at());
-      std::copy_n(reinterpret_cast<const char*>(patched.data()), patched.size() * sizeof(cuda_detail::group_desc), host.data() + groups_at());
-      std::copy_n(reinterpret_cast<const char*>(queries.data()), queries.size() * sizeof(float), host.data() + queries_at());
+      std::copy_n(reinterpret_cast<const char*>(tables.data()), tables.size() * sizeof(std::int32_t), host + tables_at());
+      std::copy_n(reinterpret_cast<const char*>(chunks.data()), chunks.size() * sizeof(cuda_detail::chunk), host + chunks_at());
+      std::copy_n(reinterpret_cast<const char*>(patched.data()), patched.size() * sizeof(cuda_detail::group_desc), host + groups_at());
+      std::copy_n(reinterpret_cast<const char*>(queries.data()), queries.size() * sizeof(float), host + queries_at());
       const unsigned long long none = ~0ull;  // the query check's "all finite"
-      std::copy_n(reinterpret_cast<const char*>(&none), sizeof none, host.data() + flag_at());
-      cuda_detail::to_device(m.p, host.data(), host.size());
+      std::copy_n(reinterpret_cast<const char*>(&none), sizeof none, host + flag_at());
+      cuda_detail::to_device(m.p, host, work_at());
     }
   };
 
@@ -367,13 +371,12 @@ class cuda {
     const int hp = pass_template(p.max_heads);
     device_block mem(p.device_bytes(0, std::size_t(hp) * (2 + p.max_dv)));
     p.upload(mem);
-    // Device queries are checked on the device; the merge writes nothing if one is bad.
-    cuda_detail::launch_find_nonfinite(p.groups_on(mem), static_cast<int>(p.groups.size()), p.flag_on(mem));
+    // Device queries are checked on the device, in the attend launch; the merge writes
+    // nothing if one is bad.
     launch<KV>(p, mem, row, hp, false);
-    unsigned long long first = 0;
-    cuda_detail::to_host(&first, p.flag_on(mem), sizeof first);
+    cuda_detail::to_host(p.readback, p.flag_on(mem), sizeof *p.readback);
     cuda_detail::synchronize();
-    const cuda_detail::nonfinite_query bad = cuda_detail::decode_nonfinite(first);
+    const cuda_detail::nonfinite_query bad = cuda_detail::decode_nonfinite(*p.readback);
     if (bad.group >= 0)
       require(false, "sequence.queries", "sequence ", origin[bad.group].first, ", query head ",
               origin[bad.group].second + index_t(bad.head), ", element ", bad.element, " is NaN or Inf");

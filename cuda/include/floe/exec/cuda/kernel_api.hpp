@@ -61,9 +61,10 @@ void synchronize();
 // One launch of the exact part: chunk partials into `work` ([chunks, heads_pass * (2 +
 // dv_max)]), then per group either out = a / l (groups with `out`) or (m, l, a) into
 // results[group * heads_pass * (2 + dv_max)] (m at [h], l at [heads_pass + h], a at
-// [2 * heads_pass + h * dv_max]). Nothing is written when `refused` (device, nullable)
-// holds other than ~0 (a bad query). all_aligned: every group's rows allow 16-byte loads
-// (the pipelined kernel runs).
+// [2 * heads_pass + h * dv_max]). `check` (device, nullable, preset to ~0): the launch
+// also checks every group's device queries into it (see nonfinite_query), and the merge
+// writes nothing unless it still holds ~0. all_aligned: every group's rows allow 16-byte
+// loads (the pipelined kernel runs).
 struct launch_args {
   element type;
   int row, heads_pass;
@@ -74,7 +75,7 @@ struct launch_args {
   int group_count, dv_max;
   float* work;
   float* results;
-  const unsigned long long* refused;
+  unsigned long long* check;
   bool all_aligned;
 };
 void launch_attend(const launch_args& args);
@@ -84,14 +85,17 @@ int multiprocessors(int device);
 void launch_score(element type, int row, const run* runs, const chunk* chunks, int chunk_count,
                   const group_desc* groups, float* z);
 
-// Device queries are checked on the device: `first` (device, preset to ~0) receives the
+// Device queries are checked on the device (launch_args::check): the flag receives the
 // lowest (group, head, element) of a NaN or Inf, which decode_nonfinite unpacks (group -1:
 // all finite).
 struct nonfinite_query {
   std::int32_t group, head, element;
 };
-void launch_find_nonfinite(const group_desc* groups, int group_count, unsigned long long* first);
 nonfinite_query decode_nonfinite(unsigned long long first);
+
+// Page-locked host memory of at least `bytes`, owned by the calling thread and reused by
+// its next call (each call synchronizes before it returns): uploads from it are direct.
+void* host_staging(std::size_t bytes);
 
 }  // namespace cuda_detail
 }  // namespace floe
