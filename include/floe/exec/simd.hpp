@@ -15,6 +15,7 @@
 
 #include "floe/core/batch.hpp"
 #include "floe/core/concepts.hpp"
+#include "floe/exec/batch_decode.hpp"
 #include "floe/exec/parallel.hpp"
 #include "floe/exec/simd/arch.hpp"
 #include "floe/exec/simd/kernel_api.hpp"
@@ -30,7 +31,7 @@ struct simd_options {
   index_t min_split_tokens = 2048;            // split-K never makes a piece shorter than this
 };
 
-class simd {
+class simd : public batch_decoder<simd> {
  public:
   using accumulator = float;
   static constexpr std::string_view name = "simd";
@@ -105,25 +106,11 @@ class simd {
     attend(kv, q, std::span<const token_range>(sel.ranges), out);
   }
 
-  // Dense decode of a batch: every query head of every sequence attends to all its
-  // tokens; work runs over (sequence, KV head, split). Validates everything first.
-  template <KvView KV>
-  void decode(std::span<const sequence<KV>> batch, gqa_shape shape, float scale) const {
-    run_batch(batch, shape, scale, [](index_t, const KV& kv) { return std::vector<token_range>{{0, kv.n()}}; });
-  }
-
-  // Gathered decode: group s * Hkv + h attends to exact[s * Hkv + h] only (sorted,
-  // disjoint ranges; empty gives zeros).
-  template <KvView KV>
-  void decode_gathered(std::span<const sequence<KV>> batch, gqa_shape shape, float scale,
-                       std::span<const std::vector<token_range>> exact) const {
-    shape.validate();
-    require(exact.size() == batch.size() * shape.kv_heads, "exact", exact.size(), " range lists for ",
-            batch.size(), " sequences of ", shape.kv_heads, " KV heads");
-    run_batch(batch, shape, scale, [&](index_t group, const KV&) { return exact[group]; });
-  }
+  // decode and decode_gathered (batch_decoder): work runs over (sequence, KV head, split).
 
  private:
+  friend class batch_decoder<simd>;
+
   // Online-softmax state (m, l, a) of one group or split, plus the kernel's scratch.
   class group_state {
    public:
