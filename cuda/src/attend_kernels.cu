@@ -15,6 +15,9 @@
 namespace floe::cuda_detail {
 namespace {
 
+// The stream of the calling thread's current executor call (select_device sets it).
+thread_local cudaStream_t current_stream = cudaStreamPerThread;
+
 // L lanes take one token (16 by default; 8 for 64-element rows of 16-bit types, which
 // fill only 8 lanes with 16 bytes each); a block of 128 threads holds 128 / L subgroups.
 constexpr int block_threads = 128;
@@ -470,15 +473,15 @@ void attend_as(const launch_args& a) {
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "shared memory size");
         allowed = smem;
       }
-      kernel<<<blocks, block_threads, smem, cudaStreamPerThread>>>(a.runs, a.chunks, a.chunk_count, a.check, a.groups,
+      kernel<<<blocks, block_threads, smem, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check, a.groups,
                                                                    a.dv_max, a.work);
     } else {
-      attend_chunks<T, SLOTS, HP, L><<<blocks, block_threads, 0, cudaStreamPerThread>>>(
+      attend_chunks<T, SLOTS, HP, L><<<blocks, block_threads, 0, current_stream>>>(
           a.runs, a.chunks, a.chunk_count, a.check, a.groups, a.dv_max, a.work);
     }
   }
   check(cudaGetLastError(), "attend kernel launch");
-  merge_groups<HP><<<dim3(a.group_count, HP), block_threads, 0, cudaStreamPerThread>>>(a.groups, a.dv_max, a.work,
+  merge_groups<HP><<<dim3(a.group_count, HP), block_threads, 0, current_stream>>>(a.groups, a.dv_max, a.work,
                                                                                       a.results, a.check);
   check(cudaGetLastError(), "merge kernel launch");
 }
@@ -515,9 +518,9 @@ template <class T>
 void score_type(int row, const run* runs, const chunk* chunks, int chunk_count, const group_desc* groups, float* z) {
   if (chunk_count == 0) return;
   const int slots = slots_for<T>(row);
-  if (slots == 1) score_chunks<T, 1><<<chunk_count, block_threads, 0, cudaStreamPerThread>>>(runs, chunks, groups, z);
-  else if (slots == 2) score_chunks<T, 2><<<chunk_count, block_threads, 0, cudaStreamPerThread>>>(runs, chunks, groups, z);
-  else if constexpr (vec_of<T> == 4) score_chunks<T, 4><<<chunk_count, block_threads, 0, cudaStreamPerThread>>>(runs, chunks, groups, z);
+  if (slots == 1) score_chunks<T, 1><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
+  else if (slots == 2) score_chunks<T, 2><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
+  else if constexpr (vec_of<T> == 4) score_chunks<T, 4><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
   check(cudaGetLastError(), "score kernel launch");
 }
 
@@ -531,8 +534,9 @@ int device_count() {
   }
   return n;
 }
-void select_device(int device) {
+void select_device(int device, void* stream) {
   check(cudaSetDevice(device), "cudaSetDevice");
+  current_stream = stream ? static_cast<cudaStream_t>(stream) : cudaStreamPerThread;
   // Keep freed stream-ordered memory in the pool: each call allocates its plan and work
   // there, and returning it to the driver at every synchronize costs a real allocation.
   static thread_local int tuned = -1;
@@ -546,17 +550,17 @@ void select_device(int device) {
 }
 void* device_alloc(std::size_t bytes) {
   void* p = nullptr;
-  check(cudaMallocAsync(&p, bytes ? bytes : 1, cudaStreamPerThread), "cudaMallocAsync");
+  check(cudaMallocAsync(&p, bytes ? bytes : 1, current_stream), "cudaMallocAsync");
   return p;
 }
-void device_free(void* p) { (void)cudaFreeAsync(p, cudaStreamPerThread); }
+void device_free(void* p) { (void)cudaFreeAsync(p, current_stream); }
 void to_device(void* dst, const void* src, std::size_t bytes) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread), "copy to device");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, current_stream), "copy to device");
 }
 void to_host(void* dst, const void* src, std::size_t bytes) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread), "copy to host");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, current_stream), "copy to host");
 }
-void synchronize() { check(cudaStreamSynchronize(cudaStreamPerThread), "kernel execution"); }
+void synchronize() { check(cudaStreamSynchronize(current_stream), "kernel execution"); }
 
 
 void* host_staging(std::size_t bytes) {
@@ -586,7 +590,7 @@ nonfinite_query decode_nonfinite(unsigned long long first) {
 }
 
 void launch_attend(const launch_args& a) {
-  // Kernels launch on the per-thread default stream, the one the copies above use.
+  // Kernels launch on the call's stream, the one the copies above use.
   switch (a.type) {
     case element::f32: return attend_type<float>(a);
     case element::f16: return attend_type<__half>(a);

@@ -3,8 +3,10 @@
 // memory with every output element written, and bad input refused before any write.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "cuda_test_support.hpp"
 #include "exec/simd_test_support.hpp"
@@ -238,6 +240,44 @@ TEST_CASE("cuda batch decode over paged device KV equals the scalar reference (h
 }
 TEST_CASE("cuda batch decode over paged device KV equals the scalar reference (float)", "[cuda]") {
   paged_batch_case<float>(15);
+}
+
+// cuda_options::stream: the decode is queued behind the caller's own work on its stream.
+// The KV reaches the device by asynchronous copies on that stream, held back 50 ms by a
+// host function queued before them, over a cache poisoned with NaN: a decode on another
+// stream would read the poison.
+TEST_CASE("cuda decode runs on the caller's stream, after the caller's work there", "[cuda]") {
+  INFO("seed " << ft::seed());
+  auto g = ft::rng(31);
+  using half = floe::half;
+  const index_t n = 32768, d = 128;
+  const floe::gqa_shape shape{4, 1};
+  const float scale = 1.f / std::sqrt(float(d));
+  const ft::random_kv<half> host(g, n, d, d);
+  const ft::cuda_array<half> keys_pinned(host.keys, ft::cuda_array<half>::pinned_host);
+  const ft::cuda_array<half> values_pinned(host.values, ft::cuda_array<half>::pinned_host);
+  const std::vector<half> poison(host.keys.size(), floe::from_float<half>(std::nanf("")));
+  const ft::cuda_array<half> keys(poison, ft::cuda_array<half>::device), values(poison, ft::cuda_array<half>::device);
+  const auto qh = ft::random_floats(g, shape.q_heads * d);
+  const ft::cuda_array<float> q(qh, where::device), out(std::vector<float>(shape.q_heads * d, 0.f), where::device);
+  cudaStream_t stream = nullptr;
+  ft::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const std::size_t bytes = host.keys.size() * sizeof(half);
+  ft::cuda_check(cudaLaunchHostFunc(stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr),
+                 "cudaLaunchHostFunc");
+  ft::cuda_check(cudaMemcpyAsync(keys.data(), keys_pinned.data(), bytes, cudaMemcpyHostToDevice, stream), "copy keys");
+  ft::cuda_check(cudaMemcpyAsync(values.data(), values_pinned.data(), bytes, cudaMemcpyHostToDevice, stream), "copy values");
+  const std::vector<floe::kv_view<half>> heads{{keys.data(), values.data(), n, d, d}};
+  const std::vector<floe::sequence<floe::kv_view<half>>> seqs{{heads, q.data(), out.data()}};
+  floe::exec::cuda({0, 0, stream}).decode<floe::kv_view<half>>(seqs, shape, scale);
+  ft::cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  floe::partial_set<double> want(shape.q_heads, d);
+  floe::exec::scalar{}.attend(host.view(), floe::query_group{qh.data(), shape.q_heads, d, d, scale},
+                              std::vector<token_range>{{0, n}}, want);
+  std::vector<float> ref(shape.q_heads * d);
+  want.finalize(floe::output_group<float>{ref.data(), shape.q_heads, d, 0});
+  const auto got = out.to_host();
+  REQUIRE(ft::max_relative_error(got.data(), d, ref.data(), d, shape.q_heads, d) <= 1e-5);
 }
 
 TEST_CASE("cuda executor refuses bad input by name before writing", "[cuda]") {

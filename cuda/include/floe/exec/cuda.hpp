@@ -21,6 +21,7 @@
 
 #include "floe/core/batch.hpp"
 #include "floe/core/concepts.hpp"
+#include "floe/exec/batch_decode.hpp"
 #include "floe/exec/cuda/kernel_api.hpp"
 #include "floe/exec/simd/work_split.hpp"
 
@@ -31,9 +32,13 @@ struct cuda_options {
   // Rows one thread block reads (a group of n rows runs as n / chunk_tokens blocks whose
   // partials are merged); 0: chosen per call from the work and the multiprocessor count.
   index_t chunk_tokens = 0;
+  // The cudaStream_t every call runs on, after whatever the caller queued there before
+  // it (an engine's stream); null: the calling thread's default stream
+  // (cudaStreamPerThread). Each call still returns when its outputs are written.
+  void* stream = nullptr;
 };
 
-class cuda {
+class cuda : public batch_decoder<cuda> {
  public:
   using accumulator = float;
   static constexpr std::string_view name = "cuda";
@@ -63,7 +68,7 @@ class cuda {
             kv.n(), ")");
     if (r.begin == r.end) return;
     require(z != nullptr, "z", "null pointer");
-    cuda_detail::select_device(opt_.device);
+    cuda_detail::select_device(opt_.device, opt_.stream);
     plan p(chunk_tokens_for(r.size()));
     const auto [desc, at] = host_query(p, q, head, 1);
     p.add_group(kv, std::span<const token_range>(&r, 1), desc, nullptr, 0, at);
@@ -85,7 +90,7 @@ class cuda {
     const index_t tokens = simd_detail::checked_token_count(ranges, kv.n());
     if (tokens == 0) return;
     const int pass = cuda_detail::heads_per_pass(row_of(kv));
-    cuda_detail::select_device(opt_.device);
+    cuda_detail::select_device(opt_.device, opt_.stream);
     plan p(chunk_tokens_for(tokens * ((q.heads + pass - 1) / pass)));
     for (index_t h0 = 0; h0 < q.heads; h0 += index_t(pass)) {
       const auto [desc, at] = host_query(p, q, h0, std::min<index_t>(pass, q.heads - h0));
@@ -106,25 +111,12 @@ class cuda {
     }
   }
 
-  // Dense decode of a batch whose queries, outputs and KV are on the device: every query
-  // head attends to all tokens of its sequence. Returns when the outputs are written.
-  template <KvView KV>
-  void decode(std::span<const sequence<KV>> batch, gqa_shape shape, float scale) const {
-    run_batch(batch, shape, scale, [](index_t, const KV& kv) { return std::vector<token_range>{{0, kv.n()}}; });
-  }
-
-  // Gathered decode: group s * Hkv + h attends to exact[s * Hkv + h] only (sorted,
-  // disjoint ranges; empty gives zeros).
-  template <KvView KV>
-  void decode_gathered(std::span<const sequence<KV>> batch, gqa_shape shape, float scale,
-                       std::span<const std::vector<token_range>> exact) const {
-    shape.validate();
-    require(exact.size() == batch.size() * shape.kv_heads, "exact", exact.size(), " range lists for ",
-            batch.size(), " sequences of ", shape.kv_heads, " KV heads");
-    run_batch(batch, shape, scale, [&](index_t group, const KV&) { return exact[group]; });
-  }
+  // decode and decode_gathered (batch_decoder): queries, outputs and KV on the device;
+  // each call returns when the outputs are written.
 
  private:
+  friend class batch_decoder<cuda>;
+
   // One device allocation (stream-ordered), freed when the call returns or throws.
   struct device_block {
     explicit device_block(std::size_t bytes) : p(static_cast<char*>(cuda_detail::device_alloc(bytes))) {}
@@ -324,7 +316,7 @@ class cuda {
     shape.validate();
     require(std::isfinite(scale) && scale > 0.f, "scale", "must be finite and positive, got ", scale);
     const index_t g = shape.group();
-    cuda_detail::select_device(opt_.device);
+    cuda_detail::select_device(opt_.device, opt_.stream);
     struct head_plan {
       const KV* kv;
       std::vector<token_range> ranges;

@@ -51,8 +51,10 @@ constexpr int max_row = 256;
 inline int heads_per_pass(int row) { return row > 128 ? 4 : 8; }
 
 int device_count();  // 0 when there is no usable device or driver
-void select_device(int device);
-void* device_alloc(std::size_t bytes);  // stream-ordered on the calling thread's stream
+// Makes `device` current and `stream` (a cudaStream_t; null: the per-thread default
+// stream) the one the calling thread's next allocations, copies and launches use.
+void select_device(int device, void* stream);
+void* device_alloc(std::size_t bytes);  // stream-ordered on the call's stream
 void device_free(void* p);
 void to_device(void* dst, const void* src, std::size_t bytes);
 void to_host(void* dst, const void* src, std::size_t bytes);
