@@ -341,6 +341,12 @@ TEST_CASE("cuda executor refuses bad input by name before writing", "[cuda]") {
   floe::partial_set<float> p1(1, 64);
   REQUIRE(name_of([&] { ex.attend(wide_dev.view(), floe::query_group::make(q300.data(), 1, 300), std::vector<token_range>{{0, 10}}, p1); }) == "d");
 
+  // A view of 2^31 tokens (never read): refused by name, not truncated to 32 bits.
+  const std::vector<float> q64_storage(64, 0.f);
+  const floe::kv_view<float> huge(q64_storage.data(), q64_storage.data(), index_t{1} << 31, 64, 64);
+  auto q64 = ft::random_floats(g, 64);
+  REQUIRE(name_of([&] { ex.attend(huge, floe::query_group::make(q64.data(), 1, 64), std::vector<token_range>{{0, 1}}, p1); }) == "n");
+
   const ft::random_kv<float> host(g, 100, 64, 64);
   const ft::cuda_kv<float> dev(host, ft::cuda_array<float>::device);
   auto q = ft::random_floats(g, 64 * 4);

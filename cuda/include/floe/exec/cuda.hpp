@@ -62,7 +62,7 @@ class cuda : public batch_decoder<cuda> {
   template <KvView KV>
   void score(const KV& kv, const query_group& q, index_t head, token_range r, float* z) const {
     validate_query(q, kv.d());
-    require_row_width(kv);
+    require_shape(kv);
     require(head < q.heads, "head", "head ", head, " of a group of ", q.heads, " query heads");
     require(r.begin <= r.end && r.end <= kv.n(), "range", "[", r.begin, ", ", r.end, ") is not inside [0, ",
             kv.n(), ")");
@@ -84,7 +84,7 @@ class cuda : public batch_decoder<cuda> {
   template <KvView KV>
   void attend(const KV& kv, const query_group& q, std::span<const token_range> ranges, partial_set<float>& out) const {
     validate_query(q, kv.d());
-    require_row_width(kv);
+    require_shape(kv);
     require(out.heads() == q.heads, "partial.heads", out.heads(), " partials for ", q.heads, " query heads");
     require(out.dv() == kv.dv(), "partial.dv", "partial of dv ", out.dv(), " for values of dv ", kv.dv());
     const index_t tokens = simd_detail::checked_token_count(ranges, kv.n());
@@ -295,9 +295,11 @@ class cuda : public batch_decoder<cuda> {
   template <KvView KV>
   static int row_of(const KV& kv) { return static_cast<int>(std::max(kv.d(), kv.dv())); }
   template <KvView KV>
-  static void require_row_width(const KV& kv) {
+  static void require_shape(const KV& kv) {
     require(kv.d() <= cuda_detail::max_row, "d", "the CUDA executor takes d up to ", cuda_detail::max_row, ", got ", kv.d());
     require(kv.dv() <= cuda_detail::max_row, "dv", "the CUDA executor takes dv up to ", cuda_detail::max_row, ", got ", kv.dv());
+    // Token positions travel to the kernels as 32-bit integers.
+    require(kv.n() < (index_t{1} << 31), "n", "the CUDA executor takes caches of fewer than 2^31 tokens, got ", kv.n());
   }
   // The compiled head count (1, 4 or 8) that serves `heads` heads a pass.
   static int pass_template(int heads) { return heads <= 1 ? 1 : heads <= 4 ? 4 : 8; }
@@ -333,7 +335,7 @@ class cuda : public batch_decoder<cuda> {
       require(seq.out != nullptr, "sequence.out", "null pointer");
       for (index_t h = 0; h < shape.kv_heads; ++h) {
         const KV& kv = seq.kv_heads[h];
-        require_row_width(kv);
+        require_shape(kv);
         const index_t qs = seq.query_stride ? seq.query_stride : kv.d();
         const index_t os = seq.out_stride ? seq.out_stride : kv.dv();
         require(qs >= kv.d(), "sequence.query_stride", "stride ", qs, " is smaller than d = ", kv.d());
