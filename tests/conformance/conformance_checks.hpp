@@ -11,26 +11,11 @@
 
 #include "floe/floe.hpp"
 #include "support/random_kv.hpp"
+#include "support/reference.hpp"
 
 namespace floe::conformance {
-// The reference: dense attention on the scalar executor, double accumulation and output.
-template <floe::KvView KV>
-std::vector<double> dense_reference(const KV& kv, const floe::query_group& q) {
-  floe::estimator<floe::select::dense, floe::residual::none> dense;
-  std::vector<double> out(q.heads * kv.dv());
-  floe::stats s;
-  dense.decode(dense.build(kv), kv, q, floe::exec::scalar{}, floe::output_group<double>{out.data(), q.heads, kv.dv(), 0}, s);
-  return out;
-}
-
-inline double relative_l2(const float* got, const double* want, std::size_t n) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / den);
-}
+using floe::testing::dense_reference;
+using floe::testing::relative_l2;
 
 // One case: a GQA group of 4 query heads drawn for `kv`, the estimator `make` gives for
 // it, and that estimator's state built on `kv`.

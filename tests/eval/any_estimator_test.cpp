@@ -13,22 +13,10 @@
 #include "floe/exec/thread_pool.hpp"
 #include "method_registry.hpp"
 #include "support/random_kv.hpp"
+#include "support/reference.hpp"
 
 using namespace floe;
 using exec_t = floe::exec::scalar;
-
-namespace {
-
-template <KvView KV>
-std::vector<double> dense_reference(const KV& kv, const query_group& q) {
-  std::vector<double> out(q.heads * kv.dv());
-  const estimator<select::dense, residual::none> dense;
-  stats ignored;
-  dense.decode(dense.build(kv), kv, q, exec_t{}, output_group<double>{out.data(), q.heads, kv.dv()}, ignored);
-  return out;
-}
-
-}  // namespace
 
 TEMPLATE_TEST_CASE("registry: every registered method at budget 1.0 is dense attention", "[eval][registry]", float,
                    half, bfloat16) {
@@ -40,7 +28,7 @@ TEMPLATE_TEST_CASE("registry: every registered method at budget 1.0 is dense att
     const auto queries = floe::testing::random_floats(g, heads * d);
     const query_group q = query_group::make(queries.data(), heads, d);
     const auto check = [&](const auto& kv) {
-      const auto ref = dense_reference(kv, q);
+      const auto ref = floe::testing::dense_reference(kv, q);
       for (const auto& m : eval::registered_methods<exec_t>()) {
         INFO("method " << m.name << " paged " << paged);
         const auto est = m.make(budget::fraction(1.0));

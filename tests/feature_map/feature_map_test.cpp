@@ -298,7 +298,7 @@ TEST_CASE("feature_map completes the mass Top-K leaves out when attention is fla
     for (int t = 0; t < 16; ++t) {
       const auto qd = floe::testing::random_floats(g, heads * d, 0.5f);
       const auto q = floe::query_group::make(qd.data(), heads, d);
-      const auto want = floe::testing::dense_output(kv, q);
+      const auto want = floe::testing::dense_reference(kv, q);
       floe::stats a, b;
       const auto o1 = floe::testing::decode_output(only, s1, kv, q, a);
       const auto o2 = floe::testing::decode_output(completed, s2, kv, q, b);
@@ -353,7 +353,7 @@ TEST_CASE("extreme scores stay finite and the clamped estimate adds nothing", "[
   floe::estimator<topk_anchors<exact_scan>, feature_map<positive_random>> est(sel, {});
   floe::stats s;
   const auto got = floe::testing::decode_output(est, est.build(kv), kv, q, s);
-  const auto want = floe::testing::dense_output(kv, q);
+  const auto want = floe::testing::dense_reference(kv, q);
   for (double x : got) REQUIRE(std::isfinite(x));
   REQUIRE(floe::testing::worst_head_error(got, want, 2, dv) <= 1e-6);  // the top token carries it all
 }

@@ -1,5 +1,5 @@
-// Shared helpers of the MoG tests: clustered random caches, the dense reference in double,
-// relative L2 error, and the estimators under test.
+// Shared helpers of the MoG tests: clustered random caches and the estimators under test
+// (the dense reference and relative error: support/reference.hpp).
 #pragma once
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include "floe/residual/gaussian_moments.hpp"
 #include "floe/residual/none.hpp"
 #include "floe/select/dense.hpp"
+#include "support/reference.hpp"
 #include "floe/select/mog_clusters.hpp"
 #include "support/random_kv.hpp"
 
@@ -52,38 +53,12 @@ inline double fitted_log_mass(const mog_index& idx, std::uint32_t gid, const flo
   return gaussian_log_mass(std::log(static_cast<double>(idx.count(gid))), idx.mean(gid).data(), var.data(), q, d, scale);
 }
 
-// Dense attention on the scalar reference, double output: [heads, dv].
-template <KvView KV>
-std::vector<double> dense_reference(const KV& kv, const query_group& q) {
-  estimator<select::dense, residual::none> dense;
-  std::vector<double> out(q.heads * kv.dv());
-  stats s;
-  dense.decode(dense.build(kv), kv, q, exec::scalar{}, output_group<double>{out.data(), q.heads, kv.dv(), 0}, s);
-  return out;
-}
-
-inline double relative_l2(const float* got, const double* want, index_t n) {
-  double num = 0, den = 0;
-  for (index_t i = 0; i < n; ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
 // Runs est on (kv, q) and returns the output rows [heads, dv].
 template <class Est, KvView KV>
 std::vector<float> decode(const Est& est, const typename Est::state& st, const KV& kv, const query_group& q, stats& s) {
   std::vector<float> out(q.heads * kv.dv(), std::nanf(""));
   est.decode(st, kv, q, exec::scalar{}, output_group<float>{out.data(), q.heads, kv.dv(), 0}, s);
   return out;
-}
-
-// Largest relative error over the heads of a group.
-inline double worst_head_error(const std::vector<float>& got, const std::vector<double>& want, index_t heads, index_t dv) {
-  double worst = 0;
-  for (index_t h = 0; h < heads; ++h) worst = std::max(worst, relative_l2(got.data() + h * dv, want.data() + h * dv, dv));
-  return worst;
 }
 
 }  // namespace floe::testing

@@ -42,7 +42,7 @@ TEST_CASE("scan_completion with exact estimates and a tier over everything left 
   const auto kv = data.view();
   const auto qd = floe::testing::random_floats(g, 3 * 64, 1.5f);
   const auto q = floe::query_group::make(qd.data(), 3, 64);
-  const auto want = floe::testing::dense_output(kv, q);
+  const auto want = floe::testing::dense_reference(kv, q);
   for (double budget : {0.05, 0.3}) {
     completed<exact_scan> est({4, 32, floe::budget::fraction(budget), {}}, {1000.0});
     floe::stats s;
@@ -179,7 +179,7 @@ TEST_CASE("scan_completion beats selection only at equal bytes on flat attention
   for (int step = 0; step < 8; ++step) {
     const auto qd = floe::testing::random_floats(g, 4 * d, 1.f);
     const auto q = floe::query_group::make(qd.data(), 4, d);
-    const auto want = floe::testing::dense_output(kv, q);
+    const auto want = floe::testing::dense_reference(kv, q);
     floe::stats a, b;
     err_completed += floe::testing::worst_head_error(floe::testing::decode_output(est, st, kv, q, a), want, 4, dv);
     err_plain += floe::testing::worst_head_error(floe::testing::decode_output(plain, sp, kv, q, b), want, 4, dv);

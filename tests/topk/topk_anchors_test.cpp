@@ -24,7 +24,7 @@ using floe::select::exact_scan;
 using floe::select::page_bounds;
 using floe::select::quantized_scan;
 using floe::select::topk_anchors;
-using floe::testing::dense_output;
+using floe::testing::dense_reference;
 using floe::testing::worst_head_error;
 
 static_assert(floe::Selector<topk_anchors<exact_scan>>);
@@ -40,7 +40,7 @@ void check_full_budget(const KV& kv, std::mt19937_64& g, index_t heads) {
   INFO("estimator " << est.name() << " n " << kv.n());
   floe::stats s;
   const auto got = floe::testing::decode_output(est, est.build(kv), kv, q, s);
-  REQUIRE(worst_head_error(got, dense_output(kv, q), heads, kv.dv()) <= 1e-12);
+  REQUIRE(worst_head_error(got, dense_reference(kv, q), heads, kv.dv()) <= 1e-12);
   REQUIRE(s.tokens_read == kv.n());
   REQUIRE(s.value_bytes == kv.n() * kv.dv() * sizeof(typename KV::element_type));
   REQUIRE(s.key_bytes == kv.n() * kv.d() * sizeof(typename KV::element_type));
