@@ -573,10 +573,11 @@ void* host_staging(std::size_t bytes) {
   };
   static thread_local pinned buffer;
   if (buffer.size < bytes) {
+    // Grows at least twofold, so that a slowly growing plan pays few page-locked allocations.
+    const std::size_t want = std::max<std::size_t>({bytes, 2 * buffer.size, std::size_t{1} << 16});
     if (buffer.p) check(cudaFreeHost(buffer.p), "cudaFreeHost");
     buffer.p = nullptr;
     buffer.size = 0;
-    const std::size_t want = std::max<std::size_t>({bytes, 2 * buffer.size, std::size_t{1} << 16});
     check(cudaMallocHost(&buffer.p, want), "cudaMallocHost");
     buffer.size = want;
   }
