@@ -10,8 +10,6 @@
 #include <string_view>
 #include <vector>
 
-#include <xsimd/xsimd.hpp>
-
 #include "floe/core/budget.hpp"
 #include "floe/core/default_init_vector.hpp"
 #include "floe/core/kv_view.hpp"
@@ -19,7 +17,7 @@
 #include "floe/core/selection.hpp"
 #include "floe/core/stats.hpp"
 #include "floe/index/quantized_keys.hpp"
-#include "floe/index/widen.hpp"
+#include "floe/select/scorers/gathered_scores.hpp"
 #include "floe/select/scorers/middle_ranking.hpp"
 
 namespace floe::select {
@@ -132,24 +130,9 @@ struct quantized_scan {
       return false;
     }
     // Exact scores of the candidates, each key widened once and dotted with every head.
-    using lanes = xsimd::batch<float>;
-    constexpr index_t L = lanes::size;
-    const index_t m = cand.size(), d = kv.d(), padded = (d + L - 1) / L * L;
-    std::vector<float> queries(q.heads * padded, 0.f), row(padded, 0.f), z(q.heads * m);
-    for (index_t h = 0; h < q.heads; ++h)
-      for (index_t t = 0; t < d; ++t) queries[h * padded + t] = q.scale * q.row(h)[t];
-    constexpr index_t ahead = 8;  // rows in flight: the gather is latency-bound
-    for (index_t j = 0; j < m; ++j) {
-      if (j + ahead < m) detail::prefetch_row(kv.key_row(cand[j + ahead]), d);
-      detail::widen(kv.key_row(cand[j]), row.data(), d);
-      for (index_t h = 0; h < q.heads; ++h) {
-        lanes acc(0.f);
-        for (index_t t = 0; t < padded; t += L)
-          acc = xsimd::fma(lanes::load_unaligned(queries.data() + h * padded + t), lanes::load_unaligned(row.data() + t), acc);
-        z[h * m + j] = xsimd::hadd(acc);
-      }
-    }
-    io.key_bytes += static_cast<std::uint64_t>(m) * kv.d() * sizeof(typename KV::element_type);
+    const index_t m = cand.size();
+    std::vector<float> z(q.heads * m);
+    io.key_bytes += ranking::gathered_scores(kv, q, cand.data(), m, z.data(), m);
     std::vector<float> exact(cand.size());
     ranking::shared_scores(z.data(), q.heads, m, m, cs.offsets, exact.data());
     for (index_t j : ranking::top_k(exact.data(), cand.size(), k)) out.add(cand[j], cand[j] + 1);
