@@ -12,7 +12,7 @@ import os
 import sys
 
 COLUMNS = ["method", "budget", "keys_read_frac", "bytes_read_frac", "err_p50", "err_p90",
-           "err_p99", "err_max", "us_per_query", "speedup_vs_dense"]
+           "err_p99", "err_max", "us_per_query", "speedup_vs_dense", "cert_frac", "cert_held"]
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 

@@ -115,6 +115,8 @@ struct method_tally {
   std::vector<double> errors;   // one per (query head, step)
   double decode_seconds = 0;    // summed over calls (and threads)
   index_t query_heads = 0;      // (query head, step) pairs decoded
+  index_t certified = 0;        // of those, decoded by a call that reported a certificate
+  index_t certificate_held = 0; // of those, with error <= the certificate
 };
 
 // Runs `est` over every (KV head, step) of one layer on `exec`, timing each decode call,
@@ -134,10 +136,17 @@ void run_method(const any_estimator<E>& est, const io::kv_dump& dump, const laye
         const query_group q = dump.queries_of(h, t);
         const output_group<float> o{out.data(), g, dv, 0};
         const auto start = clock::now();
-        est.decode(st, kv, q, exec, o, mine.io);
+        stats call;
+        est.decode(st, kv, q, exec, o, call);
         mine.decode_seconds += std::chrono::duration<double>(clock::now() - start).count();
+        mine.io += call;
         mine.kv_bytes_total += static_cast<double>(kv.n() * (kv.d() + kv.dv()) * dump.element_bytes());
-        for (index_t j = 0; j < g; ++j) mine.errors.push_back(relative_l2_error(o.row(j), ref.row(h * g + j, t), dv));
+        const bool certified = !std::isnan(call.certificate);
+        for (index_t j = 0; j < g; ++j) {
+          mine.errors.push_back(relative_l2_error(o.row(j), ref.row(h * g + j, t), dv));
+          mine.certified += certified;
+          mine.certificate_held += certified && mine.errors.back() <= call.certificate;
+        }
         mine.query_heads += g;
         if (bar) bar->tick();
       }
@@ -149,6 +158,8 @@ void run_method(const any_estimator<E>& est, const io::kv_dump& dump, const laye
     tally.errors.insert(tally.errors.end(), m.errors.begin(), m.errors.end());
     tally.decode_seconds += m.decode_seconds;
     tally.query_heads += m.query_heads;
+    tally.certified += m.certified;
+    tally.certificate_held += m.certificate_held;
   }
 }
 
@@ -166,6 +177,9 @@ struct eval_row {
   double keys_read_frac = 0, bytes_read_frac = 0;
   double err_p50 = 0, err_p90 = 0, err_p99 = 0, err_max = 0;
   double us_per_query = 0, speedup_vs_dense = 0;
+  // Share of query-heads whose call reported an error certificate, and share of those
+  // whose error it bounded (NaN when none reported one).
+  double cert_frac = 0, cert_held = std::numeric_limits<double>::quiet_NaN();
 };
 
 inline eval_row summarize(const std::string& method, double budget, const method_tally& t, double dense_us_per_query) {
@@ -182,6 +196,8 @@ inline eval_row summarize(const std::string& method, double budget, const method
   r.err_max = e.empty() ? r.err_p50 : e.back();
   r.us_per_query = t.query_heads ? 1e6 * t.decode_seconds / static_cast<double>(t.query_heads) : 0;
   r.speedup_vs_dense = r.us_per_query > 0 ? dense_us_per_query / r.us_per_query : 0;
+  if (t.query_heads) r.cert_frac = static_cast<double>(t.certified) / static_cast<double>(t.query_heads);
+  if (t.certified) r.cert_held = static_cast<double>(t.certificate_held) / static_cast<double>(t.certified);
   return r;
 }
 

@@ -14,8 +14,10 @@
 #include "floe/residual/feature_maps/optimized_positive_random.hpp"
 #include "floe/residual/scan_completion.hpp"
 #include "floe/residual/gaussian_moments.hpp"
+#include "floe/residual/horvitz_thompson.hpp"
 #include "floe/residual/none.hpp"
 #include "floe/select/dense.hpp"
+#include "floe/select/exp_threshold.hpp"
 #include "floe/select/mog_clusters.hpp"
 #include "floe/select/oracle_topk.hpp"
 #include "floe/select/scorers/exact_scan.hpp"
@@ -77,6 +79,14 @@ std::vector<method_entry<E>> registered_methods() {
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::none>{sel::topk_anchors<sel::page_bounds>::with_budget(b.resolve(n)), {}}; }),
       method<E>("topk_anchors:page_bounds+feature_map", "as topk_anchors:page_bounds+none, plus positive random features (M = 64) for the left-out middle",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::feature_map<>>{sel::topk_anchors<sel::page_bounds>::with_budget(b.resolve(n)), {{64}}}; }),
+      method<E>("exp_threshold+horvitz_thompson", "Elastic Threshold: keys sampled with probability 1 - exp(-w/tau) (Exp(1)-perturbed threshold over a 4-bit scan), the deepest threshold level within the budget, Horvitz-Thompson estimate; reports a certificate",
+                [](budget b, index_t n) { return estimator<sel::exp_threshold, res::horvitz_thompson>{sel::exp_threshold::with_budget(b.resolve(n)), {}}; }),
+      method<E>("exp_threshold:estimate+horvitz_thompson", "as exp_threshold+horvitz_thompson, sampled with the 4-bit estimates' weights: reads only the sample's keys (no candidate keys)",
+                [](budget b, index_t n) { auto s = sel::exp_threshold::with_budget(b.resolve(n)); s.exact_weights = false; return estimator<sel::exp_threshold, res::horvitz_thompson>{s, {}}; }),
+      method<E>("exp_threshold+none", "exp_threshold's sample renormalised without the Horvitz-Thompson weights (ablation)",
+                [](budget b, index_t n) { return estimator<sel::exp_threshold, res::none>{sel::exp_threshold::with_budget(b.resolve(n)), {}}; }),
+      method<E>("exp_threshold:certified+horvitz_thompson", "exp_threshold stopping at the first level certified to 10 % relative error (delta 0.05), the budget as a cap; reads every token when no level within the cap is certified",
+                [](budget b, index_t n) { return estimator<sel::exp_threshold, res::horvitz_thompson>{sel::exp_threshold::certified(0.1, b.resolve(n)), {}}; }),
       method<E>("page_bounds", "Quest: pages of 16 tokens with the largest min/max score bound, no anchors; selection only",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::none>{{0, 0, budget::tokens(b.resolve(n)), {16}}, {}}; }),
   };

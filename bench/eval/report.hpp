@@ -15,7 +15,7 @@
 namespace floe::eval {
 
 inline constexpr std::string_view csv_columns =
-    "method,budget,keys_read_frac,bytes_read_frac,err_p50,err_p90,err_p99,err_max,us_per_query,speedup_vs_dense";
+    "method,budget,keys_read_frac,bytes_read_frac,err_p50,err_p90,err_p99,err_max,us_per_query,speedup_vs_dense,cert_frac,cert_held";
 
 inline std::string format(const char* fmt, double x) {
   char buf[64];
@@ -29,7 +29,9 @@ inline void write_csv(std::ostream& out, const std::vector<eval_row>& rows) {
     out << r.method << ',' << format("%g", r.budget) << ',' << format("%.6g", r.keys_read_frac) << ','
         << format("%.6g", r.bytes_read_frac) << ',' << format("%.6g", r.err_p50) << ',' << format("%.6g", r.err_p90)
         << ',' << format("%.6g", r.err_p99) << ',' << format("%.6g", r.err_max) << ','
-        << format("%.3f", r.us_per_query) << ',' << format("%.4g", r.speedup_vs_dense) << "\n";
+        << format("%.3f", r.us_per_query) << ',' << format("%.4g", r.speedup_vs_dense) << ','
+        << format("%.4g", r.cert_frac) << ',' << (std::isnan(r.cert_held) ? std::string() : format("%.4g", r.cert_held))
+        << "\n";
 }
 
 inline void write_table(std::ostream& out, const std::vector<eval_row>& rows) {
@@ -37,13 +39,15 @@ inline void write_table(std::ostream& out, const std::vector<eval_row>& rows) {
   for (const auto& r : rows) width = std::max(width, r.method.size());
   const std::string pad(width - 6, ' ');
   out << "method" << pad
-      << "  budget  keys read  bytes read    err p50    err p90    err p99    err max   us/query  speed-up\n";
+      << "  budget  keys read  bytes read    err p50    err p90    err p99    err max   us/query  speed-up  cert held\n";
   for (const auto& r : rows) {
     char line[256];
     std::snprintf(line, sizeof line, "  %6.3g  %8.2f%%  %9.2f%%  %9.2e  %9.2e  %9.2e  %9.2e  %9.1f  %7.2fx", r.budget,
                   100 * r.keys_read_frac, 100 * r.bytes_read_frac, r.err_p50, r.err_p90, r.err_p99, r.err_max,
                   r.us_per_query, r.speedup_vs_dense);
-    out << r.method << std::string(width - r.method.size(), ' ') << line << "\n";
+    // Certificates: the share of certified query-heads whose error they bounded.
+    const std::string held = std::isnan(r.cert_held) ? "          -" : format("  %8.1f%%", 100 * r.cert_held);
+    out << r.method << std::string(width - r.method.size(), ' ') << line << held << "\n";
   }
 }
 

@@ -22,9 +22,11 @@
 #include "floe/exec/simd.hpp"
 #include "floe/exec/thread_pool.hpp"
 #include "floe/residual/feature_map.hpp"
+#include "floe/residual/horvitz_thompson.hpp"
 #include "floe/residual/none.hpp"
 #include "floe/residual/scan_completion.hpp"
 #include "floe/select/dense.hpp"
+#include "floe/select/exp_threshold.hpp"
 #include "floe/select/scorers/quantized_scan.hpp"
 #include "floe/select/topk_anchors.hpp"
 #include "../support/huge_page_allocator.hpp"
@@ -239,5 +241,15 @@ BENCHMARK(topk_quantized_feature_map)
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_by_estimate_feature_map)->Args({64, 0})->Args({64, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check
+
+// exp_threshold + Horvitz-Thompson with at most 5 % of the cache sampled (arg 0), or
+// stopping at the first level certified to 10 % (arg 1), within the same cap.
+void exp_threshold_ht(benchmark::State& s) {
+  const index_t cap = data().n / 20;
+  const auto sel = s.range(0) ? floe::select::exp_threshold::certified(0.1, cap) : floe::select::exp_threshold::with_budget(cap);
+  run(s, floe::estimator<floe::select::exp_threshold, floe::residual::horvitz_thompson>(sel, {}));
+}
+BENCHMARK(exp_threshold_ht)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // and again after it
 
 BENCHMARK_MAIN();

@@ -122,7 +122,8 @@ TEST_CASE("floe-eval: a cache written with --save-synthetic and read with --data
 
 TEST_CASE("floe-eval: the CSV has exactly the documented columns", "[eval]") {
   const std::string documented =
-      "method,budget,keys_read_frac,bytes_read_frac,err_p50,err_p90,err_p99,err_max,us_per_query,speedup_vs_dense";
+      "method,budget,keys_read_frac,bytes_read_frac,err_p50,err_p90,err_p99,err_max,us_per_query,speedup_vs_dense,"
+      "cert_frac,cert_held";
   CHECK(csv_columns == documented);
 
   std::ifstream doc(std::string(FLOE_SOURCE_DIR) + "/docs/evaluation.md");
@@ -131,7 +132,8 @@ TEST_CASE("floe-eval: the CSV has exactly the documented columns", "[eval]") {
   CHECK_THAT(text, Catch::Contains(documented));
 
   std::vector<eval_row> rows = {{"dense", 1, 1, 1, 1e-8, 2e-8, 3e-8, 4e-8, 1234.5, 1},
-                                {"oracle_topk", 0.05, 0.05, 0.525, 0.1, 0.2, 0.3, 0.4, 600, 2.0575}};
+                                {"oracle_topk", 0.05, 0.05, 0.525, 0.1, 0.2, 0.3, 0.4, 600, 2.0575},
+                                {"exp_threshold+horvitz_thompson", 0.05, 0.04, 0.2, 0.1, 0.2, 0.3, 0.4, 600, 2, 1, 0.975}};
   std::ostringstream csv;
   write_csv(csv, rows);
   std::istringstream lines(csv.str());
@@ -143,13 +145,16 @@ TEST_CASE("floe-eval: the CSV has exactly the documented columns", "[eval]") {
     std::vector<std::string> fields;
     std::stringstream ss(line);
     for (std::string f; std::getline(ss, f, ',');) fields.push_back(f);
-    REQUIRE(fields.size() == 10);
+    // The last field is empty (no certificate reported) for rows without one.
+    REQUIRE(fields.size() == (std::isnan(r.cert_held) ? 11u : 12u));
     CHECK(fields[0] == r.method);
     CHECK(std::stod(fields[1]) == r.budget);
     CHECK(std::stod(fields[3]) == Approx(r.bytes_read_frac));
     CHECK(std::stod(fields[5]) == Approx(r.err_p90));
     CHECK(std::stod(fields[8]) == Approx(r.us_per_query));
     CHECK(std::stod(fields[9]) == Approx(r.speedup_vs_dense).epsilon(1e-3));
+    CHECK(std::stod(fields[10]) == Approx(r.cert_frac));
+    if (fields.size() == 12) CHECK(std::stod(fields[11]) == Approx(r.cert_held));
   }
   CHECK_FALSE(std::getline(lines, line));
 }

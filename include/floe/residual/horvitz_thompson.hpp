@@ -40,7 +40,7 @@ struct horvitz_thompson {
     // The rows were read by the exact part just before: widened once, shared by the heads.
     thread_local std::vector<float> values;
     values.resize(s * dv);
-    for (index_t k = 0; k < s; ++k) detail::widen(kv.value_row(sel.sampled[k]), values.data() + k * dv, dv);
+    for (index_t k = 0; k < s; ++k) floe::detail::widen(kv.value_row(sel.sampled[k]), values.data() + k * dv, dv);
     std::vector<double> log_weight(s), a(dv);
     std::vector<Acc> mean(dv);
     for (index_t h = 0; h < q.heads; ++h) {

@@ -14,7 +14,10 @@
 #include <cstring>
 #include <limits>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include <xsimd/xsimd.hpp>
 
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
@@ -64,7 +67,7 @@ struct threshold_index {
     if (kv.n() < measured_) value_norm_max = 0, measured_ = 0;  // cut back: measure again
     std::vector<float> row(kv.dv());
     for (index_t i = std::min(from, measured_); i < kv.n(); ++i) {
-      detail::widen(kv.value_row(i), row.data(), kv.dv());
+      floe::detail::widen(kv.value_row(i), row.data(), kv.dv());
       double s = 0;
       for (float x : row) s += double(x) * x;
       require(std::isfinite(s), "values", "value ", i, " is not finite (NaN, Inf or overflowing norm)");
@@ -87,6 +90,10 @@ struct exp_threshold {
   double ratio = 2;     // tau_j / tau_{j+1}
   index_t levels = 40;  // grid levels, from the largest weight bound down
   double certain = 2;   // w / tau at or above which a token is kept for sure (pi = 1)
+  // true: the sample is drawn with the exact weights (the keys of every token the 4-bit
+  // bounds cannot rule out are read); false: with the 4-bit estimates' weights (only the
+  // sample's keys are read; still unbiased, as pi is known, with a looser certificate).
+  bool exact_weights = true;
   std::uint64_t seed = 0x5eed;  // perturbations are hash(seed, query, token): fresh each step
 
   // At most k tokens sampled, no certificate target; k >= n reads everything (dense).
@@ -145,110 +152,100 @@ struct exp_threshold {
     };
     if (m == 0 || (epsilon == 0 && cap >= m)) return read_all();
 
-    // Score bounds of every indexed token, and c_h = log sum_i exp(estimate): weights
-    // are e^{z - c_h}, about head h's attention probabilities.
+    // Score bounds of every indexed token; c_h = log sum_i exp(estimate_h,i), so that
+    // e^{z - c_h} is about head h's attention probability.
     struct center_tag;
     struct radius_tag;
+    struct upper_tag;
+    struct gumbel_tag;
+    struct sampling_tag;
     float* center = ranking::scratch<center_tag>(g * m);
     float* radius = ranking::scratch<radius_tag>(g * m);
     std::vector<float> top(g);
     idx.keys.scan(idx.keys.prepare(q), 0, m, center, radius, m, scan_kernel::automatic, top.data());
     io.summary_bytes += static_cast<std::uint64_t>(m) * idx.keys.bytes_per_token();
     std::vector<double> c(g);
-    for (index_t h = 0; h < g; ++h) {
-      double sum = 0;
-      for (index_t i = 0; i < m; ++i) sum += std::exp(double(center[h * m + i]) - top[h]);
-      c[h] = top[h] + std::log(sum);
-    }
-    // Group-shared log-weight u_i = max_h (z_h,i - c_h) (its upper bound here) plus the
-    // Gumbel variable G_i = -log E_i: token i is sampled at level j iff u_i + G_i >= t_j.
-    const std::uint64_t stream = perturbation_stream(q);
+    for (index_t h = 0; h < g; ++h) c[h] = top[h] + std::log(sum_exp(center + h * m, m, top[h]));
+    // Per token: U_i = max_h (estimate + radius - c_h) >= u_i, and the log-weight the
+    // sample is drawn with: the exact u_i (read later) or the estimate's.
+    float* upper = ranking::scratch<upper_tag>(m);
+    float* by_estimate = exact_weights ? nullptr : ranking::scratch<sampling_tag>(m);
+    float* perturbation = ranking::scratch<gumbel_tag>(m);
+    shared_log_weights(center, radius, c, g, m, upper, by_estimate);
+    gumbels(perturbation_stream(q), m, perturbation);
+    const double t0 = *std::max_element(upper, upper + m);  // fixed before the draw
     const double step = std::log(ratio), log_certain = std::log(certain);
-    std::vector<double> perturbation(m);
-    std::vector<double> upper(m);
-    double t0 = -std::numeric_limits<double>::infinity();
-    for (index_t i = 0; i < m; ++i) {
-      double u = -std::numeric_limits<double>::infinity();
-      for (index_t h = 0; h < g; ++h) u = std::max(u, double(center[h * m + i]) + radius[h * m + i] - c[h]);
-      upper[i] = u;
-      perturbation[i] = gumbel(stream, i);
-      t0 = std::max(t0, u);
-    }
-    // Candidates by the level at which their bound first admits them (sampled or certain).
-    std::vector<std::vector<index_t>> arriving(levels);
-    for (index_t i = 0; i < m; ++i) {
-      const double reach = std::max(upper[i] + perturbation[i], upper[i] - log_certain);
-      const double j = std::ceil((t0 - reach) / step);
-      if (j < double(levels)) arriving[static_cast<index_t>(std::max(0.0, j))].push_back(i);
+    const float* reach_of = exact_weights ? upper : by_estimate;
+    // Tokens by the level at which they may first be sampled or certain (exact weights:
+    // candidates, decided once their keys are read; estimates: members from then on).
+    std::vector<index_t> bucket_start(levels + 1, 0), order;
+    {
+      std::vector<index_t> level_of(m);
+      for (index_t i = 0; i < m; ++i) {
+        const double reach = std::max(double(reach_of[i]) + perturbation[i], double(reach_of[i]) - log_certain);
+        const double j = std::max(0.0, std::ceil((t0 - reach) / step));
+        level_of[i] = j < double(levels) ? static_cast<index_t>(j) : levels;
+        ++bucket_start[level_of[i]];
+      }
+      for (index_t j = 0, sum = 0; j <= levels; ++j) sum += std::exchange(bucket_start[j], sum);
+      order.resize(bucket_start[levels]);
+      std::vector<index_t> fill(bucket_start.begin(), bucket_start.end() - 1);
+      for (index_t i = 0; i < m; ++i)
+        if (level_of[i] < levels) order[fill[level_of[i]]++] = i;
     }
 
-    // Candidates read so far: token, exact u, exact z per head, value row (once sampled).
-    std::vector<index_t> cand;
-    std::vector<double> cand_u;
-    std::vector<float> cand_z;      // [candidate][head]
-    std::vector<float> cand_v;      // [candidate][dv], filled when first sampled
-    std::vector<char> has_value;
-    std::vector<float> z_block;
-    auto member = [&](index_t k, double t) { return cand_u[k] + perturbation[cand[k]] >= t || cand_u[k] >= t + log_certain; };
-    const double log_union = std::log(2.0 * double(levels) / delta);
-
-    index_t chosen = levels;  // level used; `levels`: none (read everything or empty)
+    // Tokens read so far (candidates): exact scores, the sampling log-weight, the level
+    // from which each is a member, and its value row once it is.
+    sample_state st(g, dv);
+    index_t chosen = levels;  // the level used; `levels`: none
     double chosen_certificate = std::numeric_limits<double>::infinity();
-    std::vector<index_t> members, chosen_members;
+    std::vector<index_t> members_at(levels + 1, 0);  // members first at level j
+    index_t members = 0;
     for (index_t j = 0; j < levels; ++j) {
       const double t = t0 - double(j) * step;
-      const std::vector<index_t>& fresh = arriving[j];
-      if (!fresh.empty()) {
-        z_block.resize(g * fresh.size());
-        io.key_bytes += ranking::gathered_scores(kv, q, fresh.data(), fresh.size(), z_block.data(), fresh.size());
-        for (index_t k = 0; k < fresh.size(); ++k) {
-          double u = -std::numeric_limits<double>::infinity();
-          for (index_t h = 0; h < g; ++h) {
-            cand_z.push_back(z_block[h * fresh.size() + k]);
-            u = std::max(u, double(z_block[h * fresh.size() + k]) - c[h]);
-          }
-          cand.push_back(fresh[k]);
-          cand_u.push_back(u);
-          has_value.push_back(0);
+      const index_t* fresh = order.data() + bucket_start[j];
+      const index_t count = bucket_start[j + 1] - bucket_start[j];
+      if (count) {
+        const index_t first = st.add(kv, q, fresh, count, io);
+        for (index_t k = first; k < st.size(); ++k) {
+          const double u = exact_weights ? st.exact_u(k, c) : double(by_estimate[st.token[k]]);
+          st.u[k] = u;
+          const double reach = std::max(u + perturbation[st.token[k]], u - log_certain);
+          const double level = std::max(double(j), std::ceil((t0 - reach) / step));
+          st.level[k] = level < double(levels) ? static_cast<index_t>(level) : levels;
+          ++members_at[st.level[k]];
         }
-        cand_v.resize(cand.size() * dv);
       }
-      members.clear();
-      for (index_t k = 0; k < cand.size(); ++k)
-        if (member(k, t)) members.push_back(k);
-      if (members.size() > cap) break;
-      for (index_t k : members)
-        if (!has_value[k]) {
-          detail::widen(kv.value_row(cand[k]), cand_v.data() + k * dv, dv);
-          has_value[k] = 1;
-        }
-      const double cert = certify(members, cand_u, cand_z, cand_v, c, g, dv, t, log_union, idx.value_norm_max);
+      members += members_at[j];
+      if (members > cap) break;
       chosen = j;
-      chosen_certificate = cert;
-      chosen_members = members;
-      if (epsilon > 0 && cert <= epsilon) break;
+      if (epsilon == 0 && j + 1 < levels) continue;  // no target: certify the chosen level only
+      chosen_certificate = certify(st, kv, j, t, c, idx.value_norm_max);
+      if (epsilon > 0 && chosen_certificate <= epsilon) break;
     }
     if (epsilon > 0 && !(chosen_certificate <= epsilon) && cap >= m) return read_all();
+    if (chosen < levels && epsilon == 0)
+      chosen_certificate = certify(st, kv, chosen, t0 - double(chosen) * step, c, idx.value_norm_max);
 
     // The sample of the chosen level, ascending, then the unindexed tail.
-    std::sort(chosen_members.begin(), chosen_members.end(), [&](index_t a, index_t b) { return cand[a] < cand[b]; });
     const double t = t0 - double(chosen) * step;
-    for (index_t k : chosen_members) {
-      out.add(cand[k], cand[k] + 1);
-      if (chosen < levels && !(cand_u[k] >= t + log_certain)) {
-        out.sampled.push_back(cand[k]);
-        out.odds.push_back(1.0 / std::expm1(std::exp(cand_u[k] - t)));
+    std::vector<index_t> picked;
+    for (index_t k = 0; k < st.size(); ++k)
+      if (st.level[k] <= chosen && chosen < levels) picked.push_back(k);
+    std::sort(picked.begin(), picked.end(), [&](index_t a, index_t b) { return st.token[a] < st.token[b]; });
+    std::vector<index_t> listed;
+    for (index_t k : picked) {
+      out.add(st.token[k], st.token[k] + 1);
+      if (!(st.u[k] >= t + log_certain)) {
+        listed.push_back(k);
+        out.sampled.push_back(st.token[k]);
+        out.odds.push_back(1.0 / std::expm1(std::exp(st.u[k] - t)));
       }
     }
     out.add(m, n);
-    out.scores.resize(g * out.sampled.size());
-    for (index_t s = 0, k = 0; k < chosen_members.size(); ++k) {
-      const index_t cidx = chosen_members[k];
-      if (s < out.sampled.size() && out.sampled[s] == cand[cidx]) {
-        for (index_t h = 0; h < g; ++h) out.scores[h * out.sampled.size() + s] = cand_z[cidx * g + h];
-        ++s;
-      }
-    }
+    out.scores.resize(g * listed.size());
+    for (index_t s = 0; s < listed.size(); ++s)
+      for (index_t h = 0; h < g; ++h) out.scores[h * listed.size() + s] = st.z[listed[s] * g + h];
     out.level = chosen;
     out.log_threshold = t;
     out.offsets = c;
@@ -258,54 +255,150 @@ struct exp_threshold {
   // The perturbations of one step: G_i = -log E_i, E_i ~ Exp(1), from a hash of the seed,
   // the query and i (a new query draws new ones; the same query and seed, the same ones).
   std::uint64_t perturbation_stream(const query_group& q) const { return query_hash(q) ^ seed; }
-  static double gumbel(std::uint64_t stream, index_t i) { return -std::log(-std::log(uniform(stream, i))); }
+  // G_i = -log(-log1p(-V_i)), V_i uniform in (0, 1) from 32 bits: in float, |G| <= 22.9,
+  // so a token of pi < 1e-10 is never sampled (a relative bias below n 1e-10 tau / D).
+  static float gumbel(std::uint64_t stream, index_t i) {
+    float g;
+    gumbels(stream, 1, &g, i);
+    return g;
+  }
+  // out[k] = G_{first + k} for k < count, the same values gumbel() gives one at a time.
+  static void gumbels(std::uint64_t stream, index_t count, float* out, index_t first = 0) {
+    using lanes = xsimd::batch<float>;
+    constexpr index_t L = lanes::size;
+    alignas(64) float v[L];
+    for (index_t k0 = 0; k0 < count; k0 += L) {
+      for (index_t k = 0; k < L; ++k) v[k] = uniform(stream, first + k0 + k);
+      const lanes g = -xsimd::log(-xsimd::log1p(-lanes::load_aligned(v)));
+      if (k0 + L <= count) {
+        g.store_unaligned(out + k0);
+      } else {
+        alignas(64) float tail[L];
+        g.store_aligned(tail);
+        std::copy(tail, tail + (count - k0), out + k0);
+      }
+    }
+  }
 
  private:
-  // The level's certificate, the largest over heads: a Bernstein bound for the
+  // The tokens whose keys were read, in order of arrival.
+  struct sample_state {
+    index_t g, dv;
+    std::vector<index_t> token, level;  // level: first level where it is a member (`levels`: never)
+    std::vector<double> u;              // the log-weight it is sampled with
+    std::vector<float> z;               // [k][head] exact scores
+    std::vector<float> values;          // [k][dv], loaded when first certified
+    std::vector<char> loaded;
+    sample_state(index_t heads, index_t value_dim) : g(heads), dv(value_dim) {}
+    index_t size() const { return token.size(); }
+    template <KvView KV>
+    index_t add(const KV& kv, const query_group& q, const index_t* fresh, index_t count, stats& io) {
+      const index_t first = size();
+      std::vector<float> block(g * count);
+      io.key_bytes += ranking::gathered_scores(kv, q, fresh, count, block.data(), count);
+      for (index_t k = 0; k < count; ++k) {
+        token.push_back(fresh[k]);
+        for (index_t h = 0; h < g; ++h) z.push_back(block[h * count + k]);
+      }
+      level.resize(size());
+      u.resize(size());
+      loaded.resize(size(), 0);
+      values.resize(size() * dv);
+      return first;
+    }
+    double exact_u(index_t k, const std::vector<double>& c) const {
+      double best = -std::numeric_limits<double>::infinity();
+      for (index_t h = 0; h < g; ++h) best = std::max(best, double(z[k * g + h]) - c[h]);
+      return best;
+    }
+  };
+
+  // The certificate of level j, the largest over heads: a Bernstein bound for the
   // Horvitz-Thompson error Y = N_hat - o D_hat (o_hat - o = Y / D_hat) with probability
   // 1 - delta / levels (Pinelis' inequality for sums of bounded independent vectors):
-  // E|Y|^2 <= tau sum w_i |v_i - o|^2 over the not-certain tokens, that sum estimated
-  // from the sample (plug-in, so the coverage is measured rather than proven).
-  double certify(const std::vector<index_t>& members, const std::vector<double>& cand_u,
-                 const std::vector<float>& cand_z, const std::vector<float>& cand_v, const std::vector<double>& c,
-                 index_t g, index_t dv, double t, double log_union, double value_norm_max) const {
+  // E|Y|^2 = sum_i w_i^2 (1 - pi_i) / pi_i |v_i - o|^2 over the not-certain tokens,
+  // estimated from the sample (plug-in, so coverage is measured rather than proven;
+  // with exact weights each w_i (1 - pi_i) / pi_i is replaced by its bound tau).
+  // |X_i| <= b: see `term` below.
+  template <KvView KV>
+  double certify(sample_state& st, const KV& kv, index_t j, double t, const std::vector<double>& c,
+                 double value_norm_max) const {
+    const index_t g = st.g, dv = st.dv;
     const double tau = std::exp(t), log_certain = std::log(certain);
-    // |X_i| <= tau |v_i - o| when sampled, w_i |v_i - o| < certain tau |v_i - o| when not.
-    const double term_bound = std::max(certain, 1.0) * tau * 2 * value_norm_max;
+    const double log_union = std::log(2.0 * double(levels) / delta);
     double worst = 0;
     std::vector<double> num(dv), spread_sum(dv);
+    for (index_t k = 0; k < st.size(); ++k)
+      if (st.level[k] <= j && !st.loaded[k]) {
+        floe::detail::widen(kv.value_row(st.token[k]), st.values.data() + k * dv, dv);
+        st.loaded[k] = 1;
+      }
     for (index_t h = 0; h < g; ++h) {
       std::fill(num.begin(), num.end(), 0.0);
       std::fill(spread_sum.begin(), spread_sum.end(), 0.0);
       double den = 0, spread_weight = 0, spread_sq = 0;
-      for (index_t k : members) {
-        const bool sure = cand_u[k] >= t + log_certain;
-        const double w = std::exp(double(cand_z[k * g + h]) - c[h]);
-        const double a = sure ? w : -w / std::expm1(-std::exp(cand_u[k] - t));  // w / pi
-        const float* v = cand_v.data() + k * dv;
-        den += a;
+      // |X_i| / |v_i - o| is w_i odds_i when sampled, w_i when not: the largest of these.
+      // A token not certain has e^u < certain tau, so w < certain tau with exact weights
+      // (with the estimates' weights, the estimate stands in for w: plug-in).
+      double term = certain * tau;
+      for (index_t k = 0; k < st.size(); ++k) {
+        if (st.level[k] > j) continue;
+        const bool sure = st.u[k] >= t + log_certain;
+        const double w = std::exp(double(st.z[k * g + h]) - c[h]);
+        const double odds = sure ? 0.0 : 1.0 / std::expm1(std::exp(st.u[k] - t));
+        const double a = w * (1 + odds);  // w / pi
+        const float* v = st.values.data() + k * dv;
         double sq = 0;
-        for (index_t j = 0; j < dv; ++j) num[j] += a * v[j], sq += double(v[j]) * v[j];
+        for (index_t e = 0; e < dv; ++e) num[e] += a * v[e], sq += double(v[e]) * v[e];
+        den += a;
         if (sure) continue;
-        spread_weight += a;
-        spread_sq += a * sq;
-        for (index_t j = 0; j < dv; ++j) spread_sum[j] += a * v[j];
+        term = std::max(term, w * odds);
+        const double b = a * (exact_weights ? tau : w * odds);  // (w / pi) * w (1 - pi) / pi, or its bound
+        spread_weight += b;
+        spread_sq += b * sq;
+        for (index_t e = 0; e < dv; ++e) spread_sum[e] += b * v[e];
       }
       if (!(den > 0)) return std::numeric_limits<double>::infinity();
       double norm_sq = 0, cross = 0;
-      for (index_t j = 0; j < dv; ++j) {
-        const double o = num[j] / den;
+      for (index_t e = 0; e < dv; ++e) {
+        const double o = num[e] / den;
         norm_sq += o * o;
-        cross += o * spread_sum[j];
+        cross += o * spread_sum[e];
       }
-      // sum over sampled uncertain tokens of (w / pi) |v - o_hat|^2
-      const double spread = std::max(0.0, spread_sq - 2 * cross + norm_sq * spread_weight);
-      const double variance = tau * spread;
+      const double variance = std::max(0.0, spread_sq - 2 * cross + norm_sq * spread_weight);
+      const double term_bound = term * 2 * value_norm_max;  // |v_i - o| <= 2 max |v|
       const double bound = std::sqrt(2 * variance * log_union) + (2.0 / 3.0) * term_bound * log_union;
       const double err = bound / den, norm = std::sqrt(norm_sq);
       worst = std::max(worst, norm > err ? err / (norm - err) : std::numeric_limits<double>::infinity());
     }
     return worst;
+  }
+
+  // sum_i exp(x_i - top), vectorised.
+  static double sum_exp(const float* x, index_t count, float top) {
+    using lanes = xsimd::batch<float>;
+    constexpr index_t L = lanes::size;
+    lanes acc(0.f);
+    index_t i = 0;
+    for (; i + L <= count; i += L) acc += xsimd::exp(lanes::load_unaligned(x + i) - lanes(top));
+    double sum = xsimd::hadd(acc);
+    for (; i < count; ++i) sum += std::exp(double(x[i]) - top);
+    return sum;
+  }
+
+  // upper[i] = max_h (center + radius - c_h); estimate[i] = max_h (center - c_h) if asked.
+  static void shared_log_weights(const float* center, const float* radius, const std::vector<double>& c, index_t g,
+                                 index_t m, float* upper, float* estimate) {
+    std::fill(upper, upper + m, -std::numeric_limits<float>::infinity());
+    if (estimate) std::fill(estimate, estimate + m, -std::numeric_limits<float>::infinity());
+    for (index_t h = 0; h < g; ++h) {
+      const float ch = static_cast<float>(c[h]);
+      const float* __restrict e = center + h * m;
+      const float* __restrict r = radius + h * m;
+      for (index_t i = 0; i < m; ++i) upper[i] = std::max(upper[i], e[i] + r[i] - ch);
+      if (estimate)
+        for (index_t i = 0; i < m; ++i) estimate[i] = std::max(estimate[i], e[i] - ch);
+    }
   }
 
   static std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
@@ -320,9 +413,9 @@ struct exp_threshold {
       for (index_t t = 0; t < q.d; ++t) hsh = mix(hsh ^ std::bit_cast<std::uint32_t>(q.row(h)[t]));
     return hsh;
   }
-  // Uniform in (0, 1), never 0 or 1, so that both logs of the Gumbel variable are finite.
-  static double uniform(std::uint64_t stream, index_t i) {
-    return (double(mix(stream + 0x632be59bd9b4e019ull * (i + 1)) >> 11) + 0.5) * 0x1p-53;
+  // Uniform in (0, 1) from 32 bits, never 0; 1 only by float rounding (then G = -inf).
+  static float uniform(std::uint64_t stream, index_t i) {
+    return static_cast<float>((double(mix(stream + 0x632be59bd9b4e019ull * (i + 1)) >> 32) + 0.5) * 0x1p-32);
   }
 };
 

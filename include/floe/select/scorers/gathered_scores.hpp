@@ -28,8 +28,8 @@ std::uint64_t gathered_scores(const KV& kv, const query_group& q, const index_t*
     for (index_t t = 0; t < d; ++t) queries[h * padded + t] = q.scale * q.row(h)[t];
   constexpr index_t ahead = 8;  // rows in flight: the gather is latency-bound
   for (index_t j = 0; j < count; ++j) {
-    if (j + ahead < count) detail::prefetch_row(kv.key_row(tokens[j + ahead]), d);
-    detail::widen(kv.key_row(tokens[j]), row.data(), d);
+    if (j + ahead < count) floe::detail::prefetch_row(kv.key_row(tokens[j + ahead]), d);
+    floe::detail::widen(kv.key_row(tokens[j]), row.data(), d);
     for (index_t h = 0; h < q.heads; ++h) {
       lanes acc(0.f);
       for (index_t t = 0; t < padded; t += L)
