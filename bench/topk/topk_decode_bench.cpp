@@ -242,14 +242,16 @@ BENCHMARK(topk_quantized_feature_map)
 BENCHMARK(topk_quantized_by_estimate_feature_map)->Args({64, 0})->Args({64, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check
 
-// exp_threshold + Horvitz-Thompson with at most 5 % of the cache sampled (arg 0), or
-// stopping at the first level certified to 10 % (arg 1), within the same cap.
+// exp_threshold + Horvitz-Thompson with at most 5 % of the cache sampled: arg 0, with the
+// exact weights; 1, stopping at the first level certified to 10 % within that cap; 2,
+// sampled with the 4-bit estimates' weights.
 void exp_threshold_ht(benchmark::State& s) {
   const index_t cap = data().n / 20;
-  const auto sel = s.range(0) ? floe::select::exp_threshold::certified(0.1, cap) : floe::select::exp_threshold::with_budget(cap);
+  auto sel = s.range(0) == 1 ? floe::select::exp_threshold::certified(0.1, cap) : floe::select::exp_threshold::with_budget(cap);
+  sel.exact_weights = s.range(0) != 2;
   run(s, floe::estimator<floe::select::exp_threshold, floe::residual::horvitz_thompson>(sel, {}));
 }
-BENCHMARK(exp_threshold_ht)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(exp_threshold_ht)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // and again after it
 
 BENCHMARK_MAIN();

@@ -16,7 +16,6 @@
 #include "floe/core/query.hpp"
 #include "floe/core/softmax_partial.hpp"
 #include "floe/core/stats.hpp"
-#include "floe/index/widen.hpp"
 
 namespace floe::residual {
 
@@ -26,39 +25,24 @@ struct horvitz_thompson {
 
   template <KvView KV, class Selector>
   index build(const KV&, const Selector&, const typename Selector::index&) const {
-    static_assert(requires(const typename Selector::selection& s) { s.sampled; s.odds; s.scores; s.certificate; },
+    static_assert(requires(const typename Selector::selection& s) { s.residual_log_mass; s.residual_mean; s.certificate; },
                   "horvitz_thompson needs a selector whose selection carries inclusion probabilities (exp_threshold)");
     return {};
   }
 
+  // The selector summed sum_S w_i v_i (1 - pi_i) / pi_i while it certified the level
+  // (from rows it had read); this merges it, one partial per head.
   template <KvView KV, class Selection, class Exec, class Acc>
   void estimate(const index&, const KV& kv, const query_group& q, const Selection& sel, const Exec&,
                 partial_set<Acc>& parts, stats& io) const {
     io.certificate = sel.certificate;
-    const index_t s = sel.sampled.size(), dv = kv.dv();
-    if (s == 0) return;
-    // The rows were read by the exact part just before: widened once, shared by the heads.
-    thread_local std::vector<float> values;
-    values.resize(s * dv);
-    for (index_t k = 0; k < s; ++k) floe::detail::widen(kv.value_row(sel.sampled[k]), values.data() + k * dv, dv);
-    std::vector<double> log_weight(s), a(dv);
+    if (sel.residual_log_mass.empty()) return;
+    const index_t dv = kv.dv();
     std::vector<Acc> mean(dv);
     for (index_t h = 0; h < q.heads; ++h) {
-      double top = -std::numeric_limits<double>::infinity();
-      for (index_t k = 0; k < s; ++k) {
-        log_weight[k] = double(sel.scores[h * s + k]) + std::log(sel.odds[k]);
-        top = std::max(top, log_weight[k]);
-      }
-      std::fill(a.begin(), a.end(), 0.0);
-      double l = 0;
-      for (index_t k = 0; k < s; ++k) {
-        const double w = std::exp(log_weight[k] - top);
-        l += w;
-        for (index_t j = 0; j < dv; ++j) a[j] += w * values[k * dv + j];
-      }
-      // The partial (log mass, 1, mean value) of the left-out tokens' estimate.
-      for (index_t j = 0; j < dv; ++j) mean[j] = static_cast<Acc>(a[j] / l);
-      parts.merge(h, static_cast<Acc>(top + std::log(l)), Acc(1), mean.data());
+      if (!(sel.residual_log_mass[h] > -std::numeric_limits<double>::infinity())) continue;
+      for (index_t j = 0; j < dv; ++j) mean[j] = static_cast<Acc>(sel.residual_mean[h * dv + j]);
+      parts.merge(h, static_cast<Acc>(sel.residual_log_mass[h]), Acc(1), mean.data());
     }
   }
 };
