@@ -181,23 +181,35 @@ struct exp_threshold {
     float* perturbation = ranking::scratch<gumbel_tag>(m);
     shared_log_weights(center, radius, c, g, m, upper, by_estimate);
     gumbels(perturbation_stream(q), m, perturbation);
-    const double t0 = *std::max_element(upper, upper + m);  // fixed before the draw
+    // The grid starts where even the heaviest token is sampled with probability about
+    // 1/m (so a small cap still finds a level), fixed before the draw.
+    const double t0 = double(*std::max_element(upper, upper + m)) + std::log(double(m));
     const double step = std::log(ratio), log_certain = std::log(certain);
     const float* reach_of = exact_weights ? upper : by_estimate;
     // Tokens by the level at which they may first be sampled or certain (exact weights:
     // candidates, decided once their keys are read; estimates: members from then on).
-    std::vector<index_t> bucket_start(levels + 1, 0);
     thread_local default_init_vector<index_t> order;
     thread_local default_init_vector<std::int32_t> level_of;
     level_of.resize(m);
+    std::vector<index_t> bucket_start(levels + 1, 0);
     arrival_levels(reach_of, perturbation, m, float(t0), float(step), float(log_certain), levels, level_of.data());
     for (index_t i = 0; i < m; ++i) ++bucket_start[level_of[i]];
+    // Arrivals are members when sampling by the estimates: no level past the first whose
+    // arrivals exceed the cap can be used, so only tokens up to it are sorted.
+    index_t last = levels - 1;
+    if (!exact_weights)
+      for (index_t j = 0, sum = 0; j < levels; ++j)
+        if ((sum += bucket_start[j]) > cap) {
+          last = j;
+          break;
+        }
+    std::fill(bucket_start.begin() + last + 1, bucket_start.end(), 0);
     for (index_t j = 0, sum = 0; j <= levels; ++j) sum += std::exchange(bucket_start[j], sum);
     order.resize(bucket_start[levels]);
     {
       std::vector<index_t> fill(bucket_start.begin(), bucket_start.end() - 1);
       for (index_t i = 0; i < m; ++i)
-        if (index_t(level_of[i]) < levels) order[fill[level_of[i]]++] = i;
+        if (index_t(level_of[i]) <= last) order[fill[level_of[i]]++] = i;
     }
 
     // Tokens read so far (candidates): exact scores, the sampling log-weight, the level
@@ -208,7 +220,7 @@ struct exp_threshold {
     level_summary summary;
     std::vector<index_t> members_at(levels + 1, 0);  // members first at level j
     index_t members = 0;
-    for (index_t j = 0; j < levels; ++j) {
+    for (index_t j = 0; j <= last; ++j) {
       const double t = t0 - double(j) * step;
       const index_t* fresh = order.data() + bucket_start[j];
       const index_t count = bucket_start[j + 1] - bucket_start[j];
