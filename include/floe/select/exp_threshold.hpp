@@ -181,9 +181,12 @@ struct exp_threshold {
     float* perturbation = ranking::scratch<gumbel_tag>(m);
     shared_log_weights(center, radius, c, g, m, upper, by_estimate);
     gumbels(perturbation_stream(q), m, perturbation);
-    // The grid starts where even the heaviest token is sampled with probability about
-    // 1/m (so a small cap still finds a level), fixed before the draw.
-    const double t0 = double(*std::max_element(upper, upper + m)) + std::log(double(m));
+    // The grid starts where the heaviest token by estimate is sampled with probability
+    // about 1/m (so a small cap still finds a level); fixed before the draw. (Not from
+    // the upper bounds: a wide radius would push the whole grid up.)
+    double top_estimate = -std::numeric_limits<double>::infinity();
+    for (index_t h = 0; h < g; ++h) top_estimate = std::max(top_estimate, double(top[h]) - c[h]);
+    const double t0 = top_estimate + std::log(double(m));
     const double step = std::log(ratio), log_certain = std::log(certain);
     const float* reach_of = exact_weights ? upper : by_estimate;
     // Tokens by the level at which they may first be sampled or certain (exact weights:
