@@ -86,7 +86,9 @@ std::vector<method_entry<E>> registered_methods() {
       method<E>("exp_threshold+none", "exp_threshold's sample renormalised without the Horvitz-Thompson weights (ablation)",
                 [](budget b, index_t n) { return estimator<sel::exp_threshold, res::none>{sel::exp_threshold::with_budget(b.resolve(n)), {}}; }),
       method<E>("exp_threshold:certified+horvitz_thompson", "exp_threshold stopping at the first level certified to 10 % relative error (delta 0.05), the budget as a cap; reads every token when no level within the cap is certified",
-                [](budget b, index_t n) { return estimator<sel::exp_threshold, res::horvitz_thompson>{sel::exp_threshold::certified(0.1, b.resolve(n)), {}}; }),
+                [](budget b, index_t n) {  // a budget of the whole cache reads it all, as for every method
+                  const index_t k = b.resolve(n);
+                  return estimator<sel::exp_threshold, res::horvitz_thompson>{k >= n ? sel::exp_threshold::with_budget(n) : sel::exp_threshold::certified(0.1, k), {}}; }),
       method<E>("page_bounds", "Quest: pages of 16 tokens with the largest min/max score bound, no anchors; selection only",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::none>{{0, 0, budget::tokens(b.resolve(n)), {16}}, {}}; }),
   };

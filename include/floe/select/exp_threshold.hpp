@@ -95,7 +95,7 @@ struct exp_threshold {
   index_t cap = std::numeric_limits<index_t>::max();  // most sampled tokens (exact reads)
   double delta = 0.05;  // a step's certificate may fail with this probability (union over levels)
   double ratio = 2;     // tau_j / tau_{j+1}
-  index_t levels = 40;  // grid levels, from the largest weight bound down
+  index_t levels = 40;  // grid levels, from ln n above the largest estimated weight down
   double certain = 2;   // w / tau at or above which a token is kept for sure (pi = 1)
   // true: the sample is drawn with the exact weights (the keys of every token the 4-bit
   // bounds cannot rule out are read); false: with the 4-bit estimates' weights (only the
