@@ -1,5 +1,5 @@
-// Decode-step speed of topk_anchors (+none, +feature_map) against dense decode, in the
-// same run, on floe::exec::simd: N tokens (default 128K), d = dv = 128, fp16 KV, GQA
+// Decode-step speed of topk_anchors (+none, +feature_map), exp_threshold and anchor_reuse
+// against dense decode, in the same run, on floe::exec::simd: N tokens (default 128K), d = dv = 128, fp16 KV, GQA
 // group g = 4, 8 KV heads (512 MiB of KV at 128K, more than the last-level cache).
 // One iteration = one decode step of every KV head; KV heads run on FLOE_BENCH_THREADS
 // threads (default 1), each head's step on one thread, for dense and topk alike.
@@ -25,6 +25,7 @@
 #include "floe/residual/horvitz_thompson.hpp"
 #include "floe/residual/none.hpp"
 #include "floe/residual/scan_completion.hpp"
+#include "floe/select/anchor_reuse.hpp"
 #include "floe/select/dense.hpp"
 #include "floe/select/exp_threshold.hpp"
 #include "floe/select/scorers/quantized_scan.hpp"
@@ -75,20 +76,26 @@ floe::thread_pool& pool() {
   return p;
 }
 
-// Runs decode steps of `est` over every KV head; the states are built outside the timing.
-template <class Est>
-void run(benchmark::State& bench, const Est& est) {
+// Runs decode steps over every KV head, head h with est_of(h); the states are built
+// outside the timing.
+template <class EstOf>
+void run_heads(benchmark::State& bench, EstOf est_of) {
   const workload& w = data();
   const floe::exec::simd exec;
+  using Est = decltype(est_of(index_t{0}));
+  std::vector<Est> ests;
   std::vector<typename Est::state> states;
-  for (index_t h = 0; h < w.heads; ++h) states.push_back(est.build(w.kv(h)));
+  for (index_t h = 0; h < w.heads; ++h) {
+    ests.push_back(est_of(h));
+    states.push_back(ests.back().build(w.kv(h)));
+  }
   std::vector<float> out(w.heads * w.g * w.dv);
   std::vector<floe::stats> io(w.heads);
   for (auto _ : bench) {
     floe::bench::start_cold(bench);
     pool().parallel_for(w.heads, [&](index_t h) {
-      est.decode(states[h], w.kv(h), w.q(h), exec, floe::output_group<float>{out.data() + h * w.g * w.dv, w.g, w.dv, 0},
-                 io[h]);
+      ests[h].decode(states[h], w.kv(h), w.q(h), exec,
+                     floe::output_group<float>{out.data() + h * w.g * w.dv, w.g, w.dv, 0}, io[h]);
     });
     benchmark::DoNotOptimize(out.data());
   }
@@ -100,6 +107,11 @@ void run(benchmark::State& bench, const Est& est) {
   bench.counters["index_MiB_per_head"] = static_cast<double>(states[0].bytes()) / (1 << 20);
   bench.SetLabel(std::string(exec.name) + " arch " + std::to_string(static_cast<int>(exec.arch())) + ", " +
                  std::to_string(pool().size()) + " thread(s)");
+}
+
+template <class Est>
+void run(benchmark::State& bench, const Est& est) {
+  run_heads(bench, [&](index_t) { return est; });
 }
 
 // topk_anchors reading 5 % of the cache exactly: 4 sinks, a 64-token window, the rest Top-K.
@@ -252,6 +264,29 @@ void exp_threshold_ht(benchmark::State& s) {
   run(s, floe::estimator<floe::select::exp_threshold, floe::residual::horvitz_thompson>(sel, {}));
 }
 BENCHMARK(exp_threshold_ht)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // and again after it
+
+// anchor_reuse (Kascade) attending 5 % of the cache: arg 0, an anchor layer's step (scores
+// every key, top k of the group's weights); arg 1, a reuse layer's step (attends the set an
+// anchor step chose before the timing). A model's step costs m anchor and L - m reuse steps.
+void anchor_reuse(benchmark::State& s) {
+  const index_t k = data().n / 20, heads = data().heads;
+  const auto store = std::make_shared<floe::select::anchor_store>(floe::select::anchor_plan::from_anchors(2, heads, {0}));
+  const floe::select::anchor_reuse proto{k, store};
+  using est = floe::estimator<floe::select::anchor_reuse, floe::residual::none>;
+  if (s.range(0) == 1) {  // fill the store: one anchor step on every head
+    std::vector<float> out(data().g * data().dv);
+    floe::stats io;
+    for (index_t h = 0; h < heads; ++h) {
+      const est anchor(proto.at(0, h), {});
+      anchor.decode(anchor.build(data().kv(h)), data().kv(h), data().q(h), floe::exec::simd{},
+                    floe::output_group<float>{out.data(), data().g, data().dv, 0}, io);
+    }
+  }
+  const index_t layer = static_cast<index_t>(s.range(0));
+  run_heads(s, [&](index_t h) { return est(proto.at(layer, h), {}); });
+}
+BENCHMARK(anchor_reuse)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // and again after it
 
 BENCHMARK_MAIN();

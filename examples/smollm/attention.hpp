@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -59,18 +60,27 @@ class decode_attention {
 };
 
 // Adapts floe::estimator<S, R> or floe::any_estimator<E> (anything with their build and
-// decode) running on executor Exec.
+// decode) running on executor Exec: one estimator for every (layer, KV head), or one made
+// per (layer, KV head) for methods whose policy depends on the layer (anchor_reuse).
 template <class Estimator, class Exec>
 class estimator_attention final : public decode_attention {
  public:
-  estimator_attention(Estimator est, std::string label) : est_(std::move(est)), label_(std::move(label)) {}
+  using per_slot = std::function<Estimator(int layer, int kv_head)>;
+
+  estimator_attention(Estimator est, std::string label)
+      : make_([est = std::move(est)](int, int) { return est; }), label_(std::move(label)) {}
+  estimator_attention(per_slot make, std::string label) : make_(std::move(make)), label_(std::move(label)) {}
 
   std::string name() const override { return label_; }
 
   void build(const llama_config& c, const kv_cache& cache) override {
+    ests_.clear();
     states_.clear();
     for (int l = 0; l < c.n_layer; ++l)
-      for (int g = 0; g < c.n_head_kv; ++g) states_.push_back(est_.build(view(cache, l, g, cache.n)));
+      for (int g = 0; g < c.n_head_kv; ++g) {
+        ests_.push_back(make_(l, g));
+        states_.push_back(ests_.back().build(view(cache, l, g, cache.n)));
+      }
   }
 
   void decode(const llama_config& c, int layer, const matrix& q, const kv_cache& cache, int pos, matrix& out,
@@ -79,22 +89,23 @@ class estimator_attention final : public decode_attention {
     for (int g = 0; g < c.n_head_kv; ++g) {
       const auto qg = floe::query_group::make(q.row(0).data() + g * group * hd, group, hd);
       const floe::output_group<float> og{out.row(0).data() + g * group * hd, group, hd, 0};
-      auto& st = states_[static_cast<std::size_t>(layer * c.n_head_kv + g)];
+      const auto slot = static_cast<std::size_t>(layer * c.n_head_kv + g);
       const auto kv = view(cache, layer, g, pos + 1);
-      est_.append(st, kv);  // the cache grew by the tokens decoded so far
-      est_.decode(st, kv, qg, exec_, og, io);
+      ests_[slot].append(states_[slot], kv);  // the cache grew by the tokens decoded so far
+      ests_[slot].decode(states_[slot], kv, qg, exec_, og, io);
     }
   }
 
- private:
   static floe::kv_view<float> view(const kv_cache& cache, int layer, int g, int n) {
     return {cache.key(layer, g), cache.value(layer, g), static_cast<floe::index_t>(n),
             static_cast<floe::index_t>(cache.head_dim), static_cast<floe::index_t>(cache.head_dim)};
   }
 
-  Estimator est_;
+ private:
+  per_slot make_;
   std::string label_;
   Exec exec_{};
+  std::vector<Estimator> ests_;
   std::vector<typename Estimator::state> states_;
 };
 

@@ -32,9 +32,14 @@ const char* usage =
     "  --logits FILE.npy     --text FILE --tokens T [--decode]: logits [T, vocab] (and FILE.tokens.npy)\n"
     "  --tokenize FILE       [--out IDS.npy] [--chars C]: token ids of the first C characters\n"
     "  (--perplexity, --dump-kv and --logits take --skip N: start N tokens into the text)\n"
-    "  --list-methods        the methods --attn takes (floe-eval's registry)\n"
+    "  --calibrate-anchors FILE  dense decode of --eval M steps after --ctx N tokens of FILE, measuring how\n"
+    "                        well each layer's top --budget F reuses across layers; writes the anchor plan\n"
+    "                        of each count in --anchors C,C.. (default 4,6,10) to --out PREFIX-C.json;\n"
+    "                        --dense-layers L,L.. attend everything (default 0, as Kascade; 'none')\n"
+    "  --list-methods        the methods --attn takes (floe-eval's registry, and anchor_reuse)\n"
     "options: --attn NAME[,NAME..] (default dense)  --exec simd|scalar (floe executor, default simd)\n"
-    "         --threads N (Eigen's, default 1)\n";
+    "         --threads N (Eigen's, default 1)  --anchor-plan FILE (for --attn anchor_reuse+none,\n"
+    "         anchor_reuse:same_heads+none; from --calibrate-anchors)\n";
 
 struct options {
   std::map<std::string, std::string> values;
@@ -129,12 +134,77 @@ int run_generate(const llama_model& model, const bpe_tokenizer& tok, const optio
   return 0;
 }
 
+// The --anchor-plan file, checked against the model's layers and KV heads.
+floe::select::anchor_plan model_plan(const llama_model& model, const options& o) {
+  auto plan = read_plan(o.need("--anchor-plan"));
+  floe::require(plan.layers == static_cast<floe::index_t>(model.config().n_layer) &&
+                    plan.kv_heads == static_cast<floe::index_t>(model.config().n_head_kv),
+                "anchor-plan", "is for ", plan.layers, " layers x ", plan.kv_heads, " KV heads, the model has ",
+                model.config().n_layer, " x ", model.config().n_head_kv);
+  return plan;
+}
+
+// Calibrates anchor plans on a development text: --eval dense decode steps after a --ctx
+// prefill, then one plan per count in --anchors, written to --out PREFIX-C.json.
+int run_calibrate(const llama_model& model, const bpe_tokenizer& tok, const options& o) {
+  const llama_config& c = model.config();
+  const std::string path = o.need("--calibrate-anchors"), prefix = o.need("--out");
+  const std::vector<int> ids = text_tokens(tok, path, o);
+  const int ctx = static_cast<int>(o.integer("--ctx", 2048)), steps = static_cast<int>(o.integer("--eval", 64));
+  const double fraction = std::stod(o.get("--budget", "0.05"));
+  floe::require(ctx > 0 && steps > 0, "ctx", "--ctx and --eval must be positive");
+  floe::require(static_cast<std::size_t>(ctx + steps) <= ids.size() && ctx + steps <= c.n_ctx_train, "eval",
+                "ctx + eval = ", ctx + steps, " exceeds the text's ", ids.size(), " tokens or the model's context");
+  std::vector<floe::index_t> counts;
+  for (const auto& s : split(o.get("--anchors", "4,6,10"), ',')) {
+    const long m = std::stol(s);
+    floe::require(m >= 1 && m <= c.n_layer, "anchors", "count ", m, " is outside [1, ", c.n_layer, "]");
+    counts.push_back(static_cast<floe::index_t>(m));
+  }
+  std::vector<floe::index_t> dense;
+  for (const auto& s : split(o.get("--dense-layers", "0"), ','))
+    if (s != "none") dense.push_back(static_cast<floe::index_t>(std::stoul(s)));
+  floe::select::anchor_calibration cal(static_cast<floe::index_t>(c.n_layer), static_cast<floe::index_t>(c.n_head_kv),
+                                       fraction);
+  kv_cache cache(c, ctx + steps);
+  prefill(model, std::span<const int>(ids.data(), static_cast<std::size_t>(ctx)), cache);
+  calibrating_attention method(make_attention("dense", 1.0, o.get("--exec", "simd")), cal);
+  method.build(c, cache);
+  floe::stats io;
+  for (int t = 0; t < steps; ++t) {
+    decode_step(model, ids[static_cast<std::size_t>(ctx + t)], cache, method, io);
+    if ((t + 1) % 8 == 0 || t + 1 == steps) std::fprintf(stderr, "\rcalibrating anchors: step %d/%d", t + 1, steps);
+  }
+  std::fprintf(stderr, "\n");
+  const auto sim = cal.layer_similarity(true), flat = cal.layer_similarity(false);
+  const floe::index_t L = static_cast<floe::index_t>(c.n_layer);
+  std::printf("anchor calibration on %s: ctx %d, %d steps, top %.3g of the cache per (layer, KV head)\n",
+              std::filesystem::path(path).filename().c_str(), ctx, steps, fraction);
+  std::printf("%-6s %9s %13s %13s\n", "layer", "own top-k", "prev (heads)", "prev (same)");
+  for (floe::index_t l = 0; l < L; ++l)
+    std::printf("%-6u %9.3f %13.3f %13.3f\n", static_cast<unsigned>(l), sim[l * L + l],
+                l ? sim[(l - 1) * L + l] : 1.0, l ? flat[(l - 1) * L + l] : 1.0);
+  for (floe::index_t m : counts) {
+    const auto plan = cal.plan(m, true, dense);
+    double kept = 0;
+    for (floe::index_t l = 0; l < L; ++l) kept += plan.is_dense(l) ? 1.0 : sim[plan.anchor_of[l] * L + l];
+    const std::string out = prefix + "-" + std::to_string(m) + ".json";
+    std::ofstream(out) << plan_json(plan, cal, fraction, std::filesystem::path(path).filename().string());
+    std::printf("%u anchors (dense:", static_cast<unsigned>(m));
+    for (auto l : plan.dense_layers) std::printf(" %u", static_cast<unsigned>(l));
+    std::printf("):");
+    for (auto a : plan.anchors()) std::printf(" %u", static_cast<unsigned>(a));
+    std::printf("; mean weight kept %.3f; wrote %s\n", kept / L, out.c_str());
+  }
+  return 0;
+}
+
 // Teacher-forces tokens ids[ctx .. ctx+eval] through decode steps with one method, from
 // the prefill cache, and prints its row of the perplexity table.
 void run_method(const llama_model& model, const std::vector<int>& ids, int ctx, int eval, const kv_cache& after_prefill,
                 kv_cache& cache, const std::string& name, double budget, const std::string& budget_text,
-                const std::string& exec) {
-  auto method = make_attention(name, budget, exec);
+                const std::string& exec, const floe::select::anchor_plan* plan) {
+  auto method = make_attention(name, budget, exec, plan);
   cache = after_prefill;
   method->build(model.config(), cache);
   floe::stats io;
@@ -171,7 +241,9 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
     for (const auto& b : split(o.get("--budget", "0.1"), ','))
       if (n != "dense") runs.emplace_back(n, std::stod(b));
 
-  for (const auto& [name, budget] : runs) make_attention(name, budget, o.get("--exec", "simd"));  // names, budgets
+  std::unique_ptr<floe::select::anchor_plan> plan;
+  if (o.has("--anchor-plan")) plan = std::make_unique<floe::select::anchor_plan>(model_plan(model, o));
+  for (const auto& [name, budget] : runs) make_attention(name, budget, o.get("--exec", "simd"), plan.get());
   kv_cache cache(model.config(), ctx + eval);
   const auto t0 = std::chrono::steady_clock::now();
   const double c0 = cpu_seconds();
@@ -188,7 +260,8 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
   for (const auto& [name, budget] : runs) {
     const std::string budget_text = name == "dense" ? "-" : std::to_string(budget).substr(0, 5);
     try {
-      run_method(model, ids, ctx, eval, after_prefill, cache, name, budget, budget_text, o.get("--exec", "simd"));
+      run_method(model, ids, ctx, eval, after_prefill, cache, name, budget, budget_text, o.get("--exec", "simd"),
+                 plan.get());
     } catch (const floe::invalid_argument& e) {
       // A method that cannot follow a growing cache through this interface (an index that
       // needs append()) is reported and skipped; the others still run.
@@ -326,6 +399,9 @@ int main(int argc, char** argv) {
     const options o = parse(argc, argv);
     if (o.has("--list-methods")) {
       for (const auto& m : decode_methods<floe::exec::scalar>()) std::cout << m.name << "\t" << m.description << "\n";
+      std::cout << "anchor_reuse+none\tKascade: anchor layers attend their exact top k, the layers after reuse it "
+                   "through the head map of --anchor-plan\n"
+                << "anchor_reuse:same_heads+none\tthe same anchors, head h reusing head h (ablation of the head map)\n";
       return 0;
     }
     if (o.has("--help") || argc == 1) {
@@ -346,6 +422,7 @@ int main(int argc, char** argv) {
     if (o.has("--generate")) return run_generate(model, tok, o);
     if (o.has("--perplexity")) return run_perplexity(model, tok, o);
     if (o.has("--dump-kv")) return run_dump(model, tok, o);
+    if (o.has("--calibrate-anchors")) return run_calibrate(model, tok, o);
     if (o.has("--logits")) return run_logits(model, tok, o);
     std::cerr << usage;
     return 2;

@@ -3,7 +3,9 @@
 // head's set, the calibration recovering a known layer/head structure, and bad input.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -264,4 +266,83 @@ TEST_CASE("anchor_calibration: recovers layers that repeat an earlier layer with
   CHECK_THROWS_WITH(cal.observe(0, 0, ok), Catch::Contains("weight"));
   CHECK_THROWS_WITH(cal.observe(0, 0, std::vector<float>(n, 0.f)), Catch::Contains("weight"));
   CHECK_THROWS_WITH(select::anchor_calibration(3, 1, 0.0), Catch::Contains("fraction"));
+}
+
+TEST_CASE("anchor_plan: dense layers attend everything and anchor nothing; the programme skips them", "[anchor]") {
+  INFO("seed " << floe::testing::seed());
+  const auto p = anchor_plan::from_anchors(5, 1, {1, 3}, {0});
+  CHECK(p.anchor_of == std::vector<index_t>{0, 1, 1, 3, 3});
+  CHECK(p.anchors() == std::vector<index_t>{1, 3});
+  CHECK(p.is_dense(0));
+  CHECK_NOTHROW(p.validate());
+  const auto mid = anchor_plan::from_anchors(5, 1, {0, 3}, {2});  // a dense layer inside a segment
+  CHECK(mid.anchor_of == std::vector<index_t>{0, 0, 2, 3, 3});
+  CHECK_THROWS_WITH(anchor_plan::from_anchors(5, 1, {0, 3}, {0}), Catch::Contains("anchors"));
+  CHECK_THROWS_WITH(anchor_plan::from_anchors(5, 1, {1, 2}, {0, 2}), Catch::Contains("dense"));
+  CHECK_THROWS_WITH(anchor_plan::from_anchors(5, 1, {0}, {7}), Catch::Contains("dense_layers"));
+  auto bad = p;
+  bad.anchor_of[1] = 0;  // reusing a dense layer
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("dense"));
+
+  // A dense layer attends all n tokens without scoring, and reuse still reads its anchor.
+  auto g = floe::testing::rng(36);
+  const index_t n = 90, d = 16, dv = 8;
+  floe::testing::random_kv<float> kv(g, n, d, dv);
+  const auto qv = floe::testing::random_floats(g, 2 * d);
+  const auto q = query_group::make(qv.data(), 2, d);
+  const select::anchor_reuse proto{9, std::make_shared<select::anchor_store>(p)};
+  for (index_t l = 0; l < 5; ++l) {
+    const auto me = proto.at(l, 0);
+    selection sel;
+    stats st;
+    me.select({}, kv.view(), q, exec::scalar{}, sel, st);
+    CHECK(sel.count() == (l == 0 ? n : 9));
+    CHECK(st.key_bytes == (l == 1 || l == 3 ? n * d * 4 : 0));
+  }
+
+  // Calibration with layer 0 dense: layer 1 repeats nothing, layers 2-4 repeat layer 1.
+  select::anchor_calibration cal(5, 1, 0.1);
+  std::gamma_distribution<float> heavy(0.3f, 1.f);
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> w0(200), w1(200);
+    for (auto& x : w0) x = heavy(g);
+    for (auto& x : w1) x = heavy(g);
+    cal.observe(0, 0, w0);
+    for (index_t l = 1; l < 5; ++l) cal.observe(l, 0, w1);
+    cal.end_step();
+  }
+  const auto plan = cal.plan(1, true, {0});
+  CHECK(plan.anchors() == std::vector<index_t>{1});
+  CHECK(plan.anchor_of == std::vector<index_t>{0, 1, 1, 1, 1});
+  CHECK_THROWS_WITH(cal.plan(5, true, {0}), Catch::Contains("count"));  // only 4 layers are not dense
+}
+
+TEST_CASE("add_top_k: the k heaviest, ties to the lower index, against a full sort", "[anchor]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(37);
+  std::uniform_int_distribution<int> level(0, 6);
+  std::exponential_distribution<float> spread(1.f);
+  for (int trial = 0; trial < 60; ++trial) {
+    const index_t n = 1 + static_cast<index_t>(g() % 3000);
+    std::vector<float> w(n);
+    for (auto& x : w) {
+      const int kind = level(g);  // many exact ties, zeros, and values sharing a radix bucket
+      x = kind == 0 ? 0.f : kind == 1 ? 0.25f : kind == 2 ? 0.25f + 1e-7f * (g() % 4) : spread(g);
+    }
+    std::vector<index_t> order(n);
+    std::iota(order.begin(), order.end(), index_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return w[a] > w[b]; });
+    for (index_t k : {index_t{1}, n / 3, n - 1}) {
+      if (k == 0 || k >= n) continue;
+      INFO("n " << n << " k " << k);
+      std::vector<index_t> want(order.begin(), order.begin() + k);
+      std::sort(want.begin(), want.end());
+      selection sel;
+      select::add_top_k(w, k, sel);
+      std::vector<index_t> got;
+      for (const auto& r : sel.ranges)
+        for (index_t i = r.begin; i < r.end; ++i) got.push_back(i);
+      CHECK(got == want);
+    }
+  }
 }

@@ -202,6 +202,45 @@ TEMPLATE_TEST_CASE("simd score matches the scalar reference", "[exec][simd]", fl
   }
 }
 
+TEMPLATE_TEST_CASE("simd score_group matches the scalar reference for every head, nothing written past ld",
+                   "[exec][simd]", float, floe::half, floe::bfloat16) {
+  INFO("seed " << ft::seed());
+  const auto arch = GENERATE(from_range(ft::runnable_archs()));
+  const index_t d = GENERATE(7, 64, 128);
+  const index_t block = GENERATE(0, 16);
+  const index_t heads = GENERATE(1, 4, 9);
+  auto g = ft::rng(d + block + 100 * heads);
+  ft::random_kv<TestType> kv(g, 1200, d, 16, 2, block);
+  const auto queries = ft::random_floats(g, heads * d);
+  const auto q = floe::query_group::make(queries.data(), heads, d);
+  const floe::exec::simd simd({arch});
+  const token_range r{3, 1191};
+  const index_t ld = r.size() + 5;
+  std::vector<float> want(r.size()), got(heads * ld, std::numeric_limits<float>::quiet_NaN());
+  INFO("arch " << floe::simd_arch_name(arch) << " d " << d << " block " << block << " heads " << heads);
+  if (block) simd.score_group(kv.paged_view(), q, r, got.data(), ld);
+  else simd.score_group(kv.view(), q, r, got.data(), ld);
+  for (index_t h = 0; h < heads; ++h) {
+    if (block) floe::exec::scalar{}.score(kv.paged_view(), q, h, r, want.data());
+    else floe::exec::scalar{}.score(kv.view(), q, h, r, want.data());
+    double q_norm = 0.0;
+    for (index_t t = 0; t < d; ++t) q_norm += queries[h * d + t] * queries[h * d + t];
+    index_t bad = 0;
+    for (index_t i = 0; i < r.size(); ++i) {
+      const TestType* k = block ? kv.paged_view().key_row(r.begin + i) : kv.view().key_row(r.begin + i);
+      double k_norm = 0.0;
+      for (index_t t = 0; t < d; ++t) k_norm += double(floe::to_float(k[t])) * floe::to_float(k[t]);
+      const double bound = 1e-5 * q.scale * std::sqrt(q_norm * k_norm);
+      if (!(std::abs(static_cast<double>(got[h * ld + i]) - want[i]) <= bound)) ++bad;
+    }
+    CHECK(bad == 0);
+    for (index_t i = r.size(); i < ld; ++i) CHECK(std::isnan(got[h * ld + i]));  // the row's padding untouched
+  }
+  std::vector<float> z(10);
+  CHECK_THROWS_WITH(simd.score_group(kv.view(), q, {0, 20}, z.data(), 10), Catch::Contains("ld"));
+  CHECK_THROWS_WITH(simd.score_group(kv.view(), q, {0, 1201}, z.data(), 2000), Catch::Contains("range"));
+}
+
 namespace {
 // A KvView with nothing but rows: the executor must fall back to reading row by row.
 template <class T>

@@ -23,6 +23,12 @@ struct scalar {
     for (index_t i = r.begin; i < r.end; ++i) z[i - r.begin] = static_cast<float>(score_one(kv, q, head, i));
   }
 
+  // z[h * ld + i - r.begin] = scale * q_h . k_i for every head h of the group and i in r.
+  template <KvView KV>
+  void score_group(const KV& kv, const query_group& q, token_range r, float* z, index_t ld) const {
+    for (index_t h = 0; h < q.heads; ++h) score(kv, q, h, r, z + h * ld);
+  }
+
   // Merges the exact partial over `ranges` of every query head of the group into out.
   template <KvView KV>
   void attend(const KV& kv, const query_group& q, std::span<const token_range> ranges, partial_set<double>& out) const {

@@ -69,6 +69,26 @@ class simd : public batch_decoder<simd> {
                     });
   }
 
+  // z[h * ld + i - r.begin] = scale * q_h . k_i for every head h of the group and i in r,
+  // each key read once for all heads (ranking by the group's weights: oracle_topk).
+  template <KvView KV>
+  void score_group(const KV& kv, const query_group& q, token_range r, float* z, index_t ld) const {
+    using T = typename KV::element_type;
+    validate_query(q, kv.d());
+    require(r.begin <= r.end && r.end <= kv.n(), "range", "[", r.begin, ", ", r.end, ") is not inside [0, ",
+            kv.n(), ")");
+    require(ld >= r.size(), "ld", "row stride ", ld, " is shorter than the range's ", r.size(), " tokens");
+    if (r.begin == r.end) return;
+    require(z != nullptr, "z", "null pointer");
+    const auto args = group_args_of(kv, q);
+    const auto& kernel = kernels_->template of<T>();
+    for_run_batches(kv, std::span<const token_range>(&r, 1),
+                    [&](const simd_detail::row_run<T>* runs, index_t count, index_t tokens) {
+                      kernel.score_group(args, runs, count, z, ld);
+                      z += tokens;
+                    });
+  }
+
   // Merges the exact partial over `ranges` of every query head of the group into `out`.
   // Long inputs are split over N and run through the parallel_for hook.
   template <KvView KV>

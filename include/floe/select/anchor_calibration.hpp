@@ -98,9 +98,22 @@ class anchor_calibration {
     return s;
   }
 
-  // The plan with `anchors` anchor layers, chosen and head-mapped as the class comment says.
-  anchor_plan plan(index_t anchors, bool head_aware = true) const {
-    auto p = anchor_plan::from_anchors(layers_, heads_, choose_anchors(layer_similarity(head_aware), layers_, anchors));
+  // The plan with `anchors` anchor layers besides the dense ones, chosen and head-mapped as
+  // the class comment says.
+  anchor_plan plan(index_t anchors, bool head_aware = true, std::vector<index_t> dense = {}) const {
+    // The dynamic programme runs over the layers that are not dense.
+    const auto all = layer_similarity(head_aware);
+    std::vector<index_t> kept;
+    for (index_t l = 0; l < layers_; ++l)
+      if (std::find(dense.begin(), dense.end(), l) == dense.end()) kept.push_back(l);
+    const auto m = static_cast<index_t>(kept.size());
+    std::vector<double> sub(static_cast<std::size_t>(m) * m);
+    for (index_t a = 0; a < m; ++a)
+      for (index_t l = 0; l < m; ++l) sub[a * m + l] = all[kept[a] * layers_ + kept[l]];
+    std::vector<index_t> chosen;
+    if (m > 0)
+      for (index_t i : choose_anchors(sub, m, anchors)) chosen.push_back(kept[i]);
+    auto p = anchor_plan::from_anchors(layers_, heads_, chosen, std::move(dense));
     if (head_aware)
       for (index_t l = 0; l < layers_; ++l)
         for (index_t h = 0; h < heads_; ++h) p.head_of[l * heads_ + h] = best_head(p.anchor_of[l], l, h);

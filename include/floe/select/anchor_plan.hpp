@@ -19,29 +19,47 @@ struct anchor_plan {
   index_t kv_heads = 0;
   std::vector<index_t> anchor_of;  // [layers]: the anchor layer l reuses; anchor_of[l] == l for an anchor
   std::vector<index_t> head_of;    // [layers * kv_heads]: the KV head of anchor_of[l] that (l, h) reads
+  // Layers that attend every token (Kascade keeps layer 0 dense: its attention is flat).
+  // They are their own anchor and no other layer's.
+  std::vector<index_t> dense_layers;
 
+  bool is_dense(index_t layer) const {
+    return std::find(dense_layers.begin(), dense_layers.end(), layer) != dense_layers.end();
+  }
   bool is_anchor(index_t layer) const { return anchor_of[layer] == layer; }
   index_t source_head(index_t layer, index_t head) const { return head_of[layer * kv_heads + head]; }
 
   std::vector<index_t> anchors() const {
     std::vector<index_t> a;
     for (index_t l = 0; l < layers; ++l)
-      if (is_anchor(l)) a.push_back(l);
+      if (is_anchor(l) && !is_dense(l)) a.push_back(l);
     return a;
   }
 
-  // Every layer from an anchor up to the next reuses that anchor, head h reading head h.
-  static anchor_plan from_anchors(index_t layers, index_t kv_heads, const std::vector<index_t>& anchors) {
+  // Every layer from an anchor up to the next reuses that anchor, head h reading head h;
+  // dense layers stand apart. The first layer that is not dense must be an anchor.
+  static anchor_plan from_anchors(index_t layers, index_t kv_heads, const std::vector<index_t>& anchors,
+                                  std::vector<index_t> dense = {}) {
     require(layers > 0 && kv_heads > 0, "plan", "needs at least one layer and one KV head, got ", layers, " x ",
             kv_heads);
-    require(!anchors.empty() && anchors.front() == 0, "anchors", "must start with layer 0 (nothing precedes it)");
-    anchor_plan p{layers, kv_heads, std::vector<index_t>(layers), std::vector<index_t>(layers * kv_heads)};
+    anchor_plan p{layers, kv_heads, std::vector<index_t>(layers, layers), std::vector<index_t>(layers * kv_heads),
+                  std::move(dense)};
+    for (index_t l : p.dense_layers) {
+      require(l < layers, "dense_layers", "layer ", l, " is outside [0, ", layers, ")");
+      p.anchor_of[l] = l;
+    }
+    index_t first = 0;
+    while (first < layers && p.is_dense(first)) ++first;
+    require(first == layers ? anchors.empty() : !anchors.empty() && anchors.front() == first, "anchors",
+            "must start with layer ", first, ", the first layer that is not dense (nothing precedes it)");
     for (std::size_t i = 0; i < anchors.size(); ++i) {
       require(anchors[i] < layers, "anchors", "layer ", anchors[i], " is outside [0, ", layers, ")");
+      require(!p.is_dense(anchors[i]), "anchors", "layer ", anchors[i], " is dense");
       require(i == 0 || anchors[i] > anchors[i - 1], "anchors", "must increase; ", anchors[i], " follows ",
               anchors[i == 0 ? 0 : i - 1]);
       const index_t end = i + 1 < anchors.size() ? anchors[i + 1] : layers;
-      for (index_t l = anchors[i]; l < end; ++l) p.anchor_of[l] = anchors[i];
+      for (index_t l = anchors[i]; l < end; ++l)
+        if (!p.is_dense(l)) p.anchor_of[l] = anchors[i];
     }
     for (index_t l = 0; l < layers; ++l)
       for (index_t h = 0; h < kv_heads; ++h) p.head_of[l * kv_heads + h] = h;
@@ -55,10 +73,13 @@ struct anchor_plan {
             " layers");
     require(head_of.size() == static_cast<std::size_t>(layers) * kv_heads, "plan", "head_of has ", head_of.size(),
             " entries for ", layers, " x ", kv_heads, " (layer, KV head) pairs");
+    for (index_t l : dense_layers) require(l < layers, "plan", "dense layer ", l, " is outside [0, ", layers, ")");
     for (index_t l = 0; l < layers; ++l) {
       const index_t a = anchor_of[l];
       require(a <= l, "plan", "layer ", l, " reuses layer ", a, ", which runs after it");
       require(anchor_of[a] == a, "plan", "layer ", l, " reuses layer ", a, ", which is not an anchor");
+      require(a == l || !is_dense(a), "plan", "layer ", l, " reuses layer ", a, ", which is dense");
+      require(!is_dense(l) || a == l, "plan", "dense layer ", l, " reuses layer ", a);
       for (index_t h = 0; h < kv_heads; ++h) {
         const index_t s = head_of[l * kv_heads + h];
         require(s < kv_heads, "plan", "(layer ", l, ", head ", h, ") reads head ", s, " of ", kv_heads);

@@ -1,7 +1,8 @@
 // Selector `anchor_reuse` (Kascade): an anchor layer scores every key and attends the
 // exact top k of its GQA group's summed attention weights; every other layer attends the
 // set its anchor chose at this step, read from the head the plan maps it to, without
-// scoring anything. One selector per (layer, KV head): make them with at(layer, head).
+// scoring anything; the plan's dense layers attend everything. One selector per (layer,
+// KV head): make them with at(layer, head).
 // docs/methods/anchor-reuse.md.
 #pragma once
 
@@ -48,6 +49,10 @@ struct anchor_reuse {
   void select(const index&, const KV& kv, const query_group& q, const Exec& exec, selection& out, stats& io) const {
     out.clear();
     const index_t n = kv.n();
+    if (store->plan().is_dense(layer)) {
+      out.add(0, n);
+      return;
+    }
     if (!store->plan().is_anchor(layer)) {
       // The anchor chose at the same n this step, so every range lies inside this cache.
       out.ranges = store->reused(layer, kv_head, n);

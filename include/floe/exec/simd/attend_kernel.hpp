@@ -365,13 +365,33 @@ void score_runs(const group_args& g, index_t head, const row_run<T>* runs, index
   }
 }
 
+// z[h * ld + i] = scale * q_h . k_i for every head h of the group and the rows of `runs` in
+// order: each key row is read once for all heads (the next tile's rows prefetched).
+template <class L, class T>
+void score_group_runs(const group_args& g, const row_run<T>* runs, index_t run_count, float* z, index_t ld) {
+  const T* keys[2][tile_tokens];
+  const T* values[2][tile_tokens];
+  row_cursor<L, T> cursor(runs, run_count, g.key_stride, g.value_stride);
+  index_t cur = 0, n = cursor.next(keys[0], values[0]);
+  while (n) {
+    const index_t next_n = cursor.next(keys[cur ^ 1], values[cur ^ 1]);
+    const row_run<const T*> next{keys[cur ^ 1], values[cur ^ 1], next_n}, none{nullptr, nullptr, 0};
+    for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
+      score_block<L, T, G>(g, h0, keys[cur], n, z + h0 * ld, ld, false, h0 == 0 ? next : none);
+    });
+    z += n;
+    cur ^= 1;
+    n = next_n;
+  }
+}
+
 template <class L>
 constexpr kernel_set make_kernel_set(simd_arch target) {
   kernel_set set;
   set.target = target;
-  set.f32 = {&attend_runs<L, float>, &score_runs<L, float>};
-  set.f16 = {&attend_runs<L, half>, &score_runs<L, half>};
-  set.bf16 = {&attend_runs<L, bfloat16>, &score_runs<L, bfloat16>};
+  set.f32 = {&attend_runs<L, float>, &score_runs<L, float>, &score_group_runs<L, float>};
+  set.f16 = {&attend_runs<L, half>, &score_runs<L, half>, &score_group_runs<L, half>};
+  set.bf16 = {&attend_runs<L, bfloat16>, &score_runs<L, bfloat16>, &score_group_runs<L, bfloat16>};
   return set;
 }
 

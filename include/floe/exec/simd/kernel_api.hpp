@@ -54,6 +54,8 @@ struct typed_kernels {
   void (*attend)(const group_args&, const row_run<T>* runs, index_t run_count, const online_state& state) = nullptr;
   // z[i] = scale * q_head . k_i for the rows of `runs` in order.
   void (*score)(const group_args&, index_t head, const row_run<T>* runs, index_t run_count, float* z) = nullptr;
+  // z[h * ld + i] = scale * q_h . k_i for every head h, each row read once.
+  void (*score_group)(const group_args&, const row_run<T>* runs, index_t run_count, float* z, index_t ld) = nullptr;
 };
 
 struct kernel_set {

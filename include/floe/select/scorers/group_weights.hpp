@@ -4,10 +4,14 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <cstddef>
-#include <numeric>
+#include <limits>
 #include <vector>
+
+#include <xsimd/xsimd.hpp>
 
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
@@ -15,32 +19,73 @@
 
 namespace floe::select {
 
-// weight[i] = sum_h softmax_h(z)_i over the n tokens of kv; z is scratch.
+// weight[i] = sum_h softmax_h(z)_i over the n tokens of kv; z is scratch ([heads, n]).
+// Each key comes from memory once: through the executor's score_group where it has one,
+// else in tiles that stay in the L2 cache while every head of the group scores them.
 template <KvView KV, class Exec>
 void group_attention_weights(const KV& kv, const query_group& q, const Exec& exec, std::vector<float>& z,
                              std::vector<float>& weight) {
+  using lanes = xsimd::batch<float>;
+  constexpr index_t L = lanes::size, tile = 2048;
   const index_t n = kv.n();
-  z.resize(n);
+  z.resize(static_cast<std::size_t>(q.heads) * n);
   weight.assign(n, 0.f);
+  if constexpr (requires { exec.score_group(kv, q, token_range{}, z.data(), n); }) {
+    exec.score_group(kv, q, token_range{0, n}, z.data(), n);
+  } else {
+    for (index_t b = 0; b < n; b += tile)
+      for (index_t h = 0; h < q.heads; ++h)
+        exec.score(kv, q, h, token_range{b, std::min(n, b + tile)}, z.data() + h * n);
+  }
   for (index_t h = 0; h < q.heads; ++h) {
-    exec.score(kv, q, h, token_range{0, n}, z.data());
-    const float top = *std::max_element(z.begin(), z.end());
-    double sum = 0.0;
-    for (index_t i = 0; i < n; ++i) sum += (z[i] = std::exp(z[i] - top));
+    float* zh = z.data() + static_cast<std::size_t>(h) * n;
+    lanes top_lanes(-std::numeric_limits<float>::infinity());
+    index_t i = 0;
+    for (; i + L <= n; i += L) top_lanes = xsimd::max(top_lanes, lanes::load_unaligned(zh + i));
+    alignas(64) float spill[L];  // xsimd 8.1 has no reduce_max
+    top_lanes.store_aligned(spill);
+    float top = *std::max_element(spill, spill + L);
+    for (; i < n; ++i) top = std::max(top, zh[i]);
+    lanes sum_lanes(0.f);
+    for (i = 0; i + L <= n; i += L) {
+      const lanes e = xsimd::exp(lanes::load_unaligned(zh + i) - lanes(top));
+      e.store_unaligned(zh + i);
+      sum_lanes += e;
+    }
+    double sum = xsimd::hadd(sum_lanes);
+    for (; i < n; ++i) sum += (zh[i] = std::exp(zh[i] - top));
     const float inv = static_cast<float>(1.0 / sum);
-    for (index_t i = 0; i < n; ++i) weight[i] += z[i] * inv;
+    for (i = 0; i < n; ++i) weight[i] += zh[i] * inv;
   }
 }
 
-// The k < weight.size() heaviest tokens (ties to the lower index), as sorted ranges of out.
+// The k < weight.size() heaviest of the non-negative weights (ties to the lower index), as
+// sorted ranges of out. The k-th largest comes from a radix select: a histogram of the top
+// 12 bits (the order of non-negative floats is that of their bits), then a selection
+// within the one bucket that holds it; one pass in token order writes the set.
 inline void add_top_k(const std::vector<float>& weight, index_t k, selection& out) {
-  std::vector<index_t> order(weight.size());
-  std::iota(order.begin(), order.end(), index_t{0});
-  std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                   [&](index_t a, index_t b) { return weight[a] > weight[b] || (weight[a] == weight[b] && a < b); });
-  order.resize(k);
-  std::sort(order.begin(), order.end());
-  add_sorted_indices(out, order);
+  if (k == 0) return;
+  const auto n = static_cast<index_t>(weight.size());
+  constexpr int shift = 20;
+  thread_local std::vector<index_t> histogram;
+  histogram.assign(std::size_t{1} << (32 - shift), 0);
+  for (float w : weight) ++histogram[std::bit_cast<std::uint32_t>(w) >> shift];
+  std::size_t bucket = histogram.size() - 1;
+  index_t above = 0;  // weights in buckets above `bucket`
+  while (above + histogram[bucket] < k) above += histogram[bucket--];
+  thread_local std::vector<float> in_bucket;
+  in_bucket.clear();
+  for (float w : weight)
+    if ((std::bit_cast<std::uint32_t>(w) >> shift) == bucket) in_bucket.push_back(w);
+  const index_t rank = k - above - 1;  // of the k-th largest inside the bucket
+  std::nth_element(in_bucket.begin(), in_bucket.begin() + static_cast<std::ptrdiff_t>(rank), in_bucket.end(),
+                   std::greater<float>());
+  const float kth = in_bucket[rank];
+  index_t greater = above;
+  for (float w : in_bucket) greater += w > kth;
+  index_t ties = k - greater;  // tokens of weight exactly kth to take, lowest index first
+  for (index_t i = 0; i < n; ++i)
+    if (weight[i] > kth || (weight[i] == kth && ties > 0 && ties--)) out.add(i, i + 1);
 }
 
 }  // namespace floe::select
