@@ -23,6 +23,8 @@
 #include "floe/residual/horvitz_thompson.hpp"
 #include "floe/residual/none.hpp"
 #include "floe/residual/scan_completion.hpp"
+#include "floe/select/anchor_calibration.hpp"
+#include "floe/select/anchor_reuse.hpp"
 #include "floe/select/dense.hpp"
 #include "floe/select/exp_threshold.hpp"
 #include "floe/select/mog_clusters.hpp"

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <tuple>
 
 #include "floe/floe.hpp"
@@ -13,6 +14,12 @@ namespace floe::conformance {
 inline select::topk_anchors<select::quantized_scan> anchored_full(index_t n) {
   if (n < 3) return {0, 0, budget::tokens(n), {}};
   return {1, 1, budget::tokens(n - 2), {}};
+}
+
+// anchor_reuse as the one anchor layer of a one-layer plan (a reuse layer needs its anchor
+// to run first in the same step: tests/anchor covers it).
+inline select::anchor_reuse single_anchor(index_t k) {
+  return {k, std::make_shared<select::anchor_store>(select::anchor_plan::from_anchors(1, 1, {0}))};
 }
 
 // Factories: n -> an estimator whose budget covers all n tokens.
@@ -27,6 +34,7 @@ inline auto full_budget_estimators() {
       [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::feature_map<>>(anchored_full(n), {{}, 0.f, true}); },
       [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::scan_completion>(anchored_full(n), {}); },
       [](index_t n) { return estimator<select::exp_threshold, residual::horvitz_thompson>(select::exp_threshold::with_budget(n), {}); },
+      [](index_t n) { return estimator<select::anchor_reuse, residual::none>(single_anchor(n), {}); },
   };
 }
 
@@ -47,6 +55,7 @@ inline auto partial_budget_estimators() {
       [=](index_t n) { return estimator<by_4bit, residual::scan_completion>(by_4bit::with_budget(k(n)), {}); },
       [=](index_t n) { return estimator<by_page, residual::feature_map<>>(by_page::with_budget(k(n)), {}); },
       [=](index_t n) { return estimator<select::exp_threshold, residual::horvitz_thompson>(select::exp_threshold::with_budget(k(n)), {}); },
+      [=](index_t n) { return estimator<select::anchor_reuse, residual::none>(single_anchor(k(n)), {}); },
   };
 }
 
