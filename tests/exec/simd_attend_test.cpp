@@ -166,6 +166,25 @@ TEST_CASE("simd attend splits over threads 1-4 and merges into what the partial 
   CHECK(ft::max_relative_error(got, want) <= 1e-5);
 }
 
+namespace {
+// Scores of head h over r that differ from the reference by more than 1e-5 s |q| |k|.
+template <class T>
+index_t scores_off_bound(const ft::random_kv<T>& kv, const floe::query_group& q, index_t h, token_range r,
+                         const float* got, const std::vector<float>& want) {
+  double q_norm = 0.0;
+  for (index_t t = 0; t < q.d; ++t) q_norm += double(q.row(h)[t]) * q.row(h)[t];
+  index_t bad = 0;
+  for (index_t i = 0; i < r.size(); ++i) {
+    const T* k = kv.paged() ? kv.paged_view().key_row(r.begin + i) : kv.view().key_row(r.begin + i);
+    double k_norm = 0.0;
+    for (index_t t = 0; t < q.d; ++t) k_norm += double(floe::to_float(k[t])) * floe::to_float(k[t]);
+    const double bound = 1e-5 * q.scale * std::sqrt(q_norm * k_norm);
+    if (!(std::abs(static_cast<double>(got[i]) - want[i]) <= bound)) ++bad;
+  }
+  return bad;
+}
+}  // namespace
+
 TEMPLATE_TEST_CASE("simd score matches the scalar reference", "[exec][simd]", float, floe::half, floe::bfloat16) {
   INFO("seed " << ft::seed());
   const auto arch = GENERATE(from_range(ft::runnable_archs()));
@@ -187,17 +206,7 @@ TEMPLATE_TEST_CASE("simd score matches the scalar reference", "[exec][simd]", fl
       floe::exec::scalar{}.score(kv.view(), q, h, r, want.data());
       simd.score(kv.view(), q, h, r, got.data());
     }
-    double q_norm = 0.0;
-    for (index_t t = 0; t < d; ++t) q_norm += queries[h * d + t] * queries[h * d + t];
-    index_t bad = 0;
-    for (index_t i = 0; i < r.size(); ++i) {
-      const TestType* k = block ? kv.paged_view().key_row(r.begin + i) : kv.view().key_row(r.begin + i);
-      double k_norm = 0.0;
-      for (index_t t = 0; t < d; ++t) k_norm += double(floe::to_float(k[t])) * floe::to_float(k[t]);
-      const double bound = 1e-5 * q.scale * std::sqrt(q_norm * k_norm);
-      if (!(std::abs(static_cast<double>(got[i]) - want[i]) <= bound)) ++bad;
-    }
-    CHECK(bad == 0);
+    CHECK(scores_off_bound(kv, q, h, r, got.data(), want) == 0);
     CHECK(std::isnan(got[r.size()]));  // nothing written past the range
   }
 }
@@ -223,17 +232,7 @@ TEMPLATE_TEST_CASE("simd score_group matches the scalar reference for every head
   for (index_t h = 0; h < heads; ++h) {
     if (block) floe::exec::scalar{}.score(kv.paged_view(), q, h, r, want.data());
     else floe::exec::scalar{}.score(kv.view(), q, h, r, want.data());
-    double q_norm = 0.0;
-    for (index_t t = 0; t < d; ++t) q_norm += queries[h * d + t] * queries[h * d + t];
-    index_t bad = 0;
-    for (index_t i = 0; i < r.size(); ++i) {
-      const TestType* k = block ? kv.paged_view().key_row(r.begin + i) : kv.view().key_row(r.begin + i);
-      double k_norm = 0.0;
-      for (index_t t = 0; t < d; ++t) k_norm += double(floe::to_float(k[t])) * floe::to_float(k[t]);
-      const double bound = 1e-5 * q.scale * std::sqrt(q_norm * k_norm);
-      if (!(std::abs(static_cast<double>(got[h * ld + i]) - want[i]) <= bound)) ++bad;
-    }
-    CHECK(bad == 0);
+    CHECK(scores_off_bound(kv, q, h, r, got.data() + h * ld, want) == 0);
     for (index_t i = r.size(); i < ld; ++i) CHECK(std::isnan(got[h * ld + i]));  // the row's padding untouched
   }
   std::vector<float> z(10);

@@ -53,40 +53,20 @@ class simd : public batch_decoder<simd> {
   // z[i - r.begin] = scale * q_head . k_i for i in r.
   template <KvView KV>
   void score(const KV& kv, const query_group& q, index_t head, token_range r, float* z) const {
-    using T = typename KV::element_type;
-    validate_query(q, kv.d());
     require(head < q.heads, "head", "head ", head, " of a group of ", q.heads, " query heads");
-    require(r.begin <= r.end && r.end <= kv.n(), "range", "[", r.begin, ", ", r.end, ") is not inside [0, ",
-            kv.n(), ")");
-    if (r.begin == r.end) return;
-    require(z != nullptr, "z", "null pointer");
-    const auto args = group_args_of(kv, q);
-    const auto& kernel = kernels_->template of<T>();
-    for_run_batches(kv, std::span<const token_range>(&r, 1),
-                    [&](const simd_detail::row_run<T>* runs, index_t count, index_t tokens) {
-                      kernel.score(args, head, runs, count, z);
-                      z += tokens;
-                    });
+    score_rows(kv, q, r, z, [&](const auto& kernel, const auto& args, const auto* runs, index_t count, float* at) {
+      kernel.score(args, head, runs, count, at);
+    });
   }
 
   // z[h * ld + i - r.begin] = scale * q_h . k_i for every head h of the group and i in r,
   // each key read once for all heads (ranking by the group's weights: oracle_topk).
   template <KvView KV>
   void score_group(const KV& kv, const query_group& q, token_range r, float* z, index_t ld) const {
-    using T = typename KV::element_type;
-    validate_query(q, kv.d());
-    require(r.begin <= r.end && r.end <= kv.n(), "range", "[", r.begin, ", ", r.end, ") is not inside [0, ",
-            kv.n(), ")");
     require(ld >= r.size(), "ld", "row stride ", ld, " is shorter than the range's ", r.size(), " tokens");
-    if (r.begin == r.end) return;
-    require(z != nullptr, "z", "null pointer");
-    const auto args = group_args_of(kv, q);
-    const auto& kernel = kernels_->template of<T>();
-    for_run_batches(kv, std::span<const token_range>(&r, 1),
-                    [&](const simd_detail::row_run<T>* runs, index_t count, index_t tokens) {
-                      kernel.score_group(args, runs, count, z, ld);
-                      z += tokens;
-                    });
+    score_rows(kv, q, r, z, [&](const auto& kernel, const auto& args, const auto* runs, index_t count, float* at) {
+      kernel.score_group(args, runs, count, at, ld);
+    });
   }
 
   // Merges the exact partial over `ranges` of every query head of the group into `out`.
@@ -177,6 +157,24 @@ class simd : public batch_decoder<simd> {
   // batches, the first rows of the next batch's runs are asked for before a batch is
   // flushed, so that scattered rows from DRAM are on their way when the kernel gets there
   // (docs/benchmarks.md "Gathered rows").
+  // Checks a score call and feeds its rows to `call(kernel, args, runs, count, z)` in batches.
+  template <KvView KV, class Call>
+  void score_rows(const KV& kv, const query_group& q, token_range r, float* z, Call&& call) const {
+    using T = typename KV::element_type;
+    validate_query(q, kv.d());
+    require(r.begin <= r.end && r.end <= kv.n(), "range", "[", r.begin, ", ", r.end, ") is not inside [0, ",
+            kv.n(), ")");
+    if (r.begin == r.end) return;
+    require(z != nullptr, "z", "null pointer");
+    const auto args = group_args_of(kv, q);
+    const auto& kernel = kernels_->template of<T>();
+    for_run_batches(kv, std::span<const token_range>(&r, 1),
+                    [&](const simd_detail::row_run<T>* runs, index_t count, index_t tokens) {
+                      call(kernel, args, runs, count, z);
+                      z += tokens;
+                    });
+  }
+
   template <KvView KV, class Flush>
   static void for_run_batches(const KV& kv, std::span<const token_range> ranges, Flush&& flush) {
     using T = typename KV::element_type;
