@@ -150,7 +150,7 @@ TEMPLATE_TEST_CASE("anchor_reuse: anchors attend oracle_topk's set, reuse layers
   }
 }
 
-TEST_CASE("anchor_reuse: a full budget is dense in every layer; a reuse layer's output attends its anchor's set",
+TEST_CASE("anchor_reuse: a full budget is dense in every layer and a reuse layer's output attends its anchor's set",
           "[anchor]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(33);
@@ -194,7 +194,7 @@ TEST_CASE("anchor_reuse: a full budget is dense in every layer; a reuse layer's 
   }
 }
 
-TEST_CASE("anchor_reuse: a reuse layer before its anchor has chosen at this n is refused; bad slots by name",
+TEST_CASE("anchor_reuse: a reuse layer before its anchor has chosen at this n is refused and bad slots by name",
           "[anchor]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(34);
@@ -268,7 +268,7 @@ TEST_CASE("anchor_calibration: recovers layers that repeat an earlier layer with
   CHECK_THROWS_WITH(select::anchor_calibration(3, 1, 0.0), Catch::Contains("fraction"));
 }
 
-TEST_CASE("anchor_plan: dense layers attend everything and anchor nothing; the programme skips them", "[anchor]") {
+TEST_CASE("anchor_plan: dense layers attend everything and anchor nothing and the programme skips them", "[anchor]") {
   INFO("seed " << floe::testing::seed());
   const auto p = anchor_plan::from_anchors(5, 1, {1, 3}, {0});
   CHECK(p.anchor_of == std::vector<index_t>{0, 1, 1, 3, 3});
