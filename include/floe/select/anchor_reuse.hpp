@@ -8,7 +8,6 @@
 
 #include <memory>
 #include <string_view>
-#include <vector>
 
 #include "floe/core/error.hpp"
 #include "floe/core/kv_view.hpp"
@@ -61,9 +60,7 @@ struct anchor_reuse {
     if (k >= n) {
       out.add(0, n);
     } else {
-      std::vector<float> z, weight;
-      group_attention_weights(kv, q, exec, z, weight);
-      add_top_k(weight, k, out);
+      add_group_top_k(kv, q, exec, k, out);
       out.keys_counted = true;
       io.key_bytes += static_cast<std::uint64_t>(n) * kv.d() * sizeof(typename KV::element_type);
     }

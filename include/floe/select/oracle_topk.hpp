@@ -4,7 +4,6 @@
 #pragma once
 
 #include <string_view>
-#include <vector>
 
 #include "floe/core/kv_view.hpp"
 #include "floe/core/no_index.hpp"
@@ -34,9 +33,7 @@ struct oracle_topk {
       out.add(0, n);
       return;
     }
-    std::vector<float> z, weight;
-    group_attention_weights(kv, q, exec, z, weight);
-    add_top_k(weight, k, out);
+    add_group_top_k(kv, q, exec, k, out);
     out.keys_counted = true;
     io.key_bytes += static_cast<std::uint64_t>(n) * kv.d() * sizeof(typename KV::element_type);
   }

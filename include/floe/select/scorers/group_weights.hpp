@@ -29,7 +29,7 @@ void group_attention_weights(const KV& kv, const query_group& q, const Exec& exe
   constexpr index_t L = lanes::size, tile = 2048;
   const index_t n = kv.n();
   z.resize(static_cast<std::size_t>(q.heads) * n);
-  weight.assign(n, 0.f);
+  weight.resize(n);
   if constexpr (requires { exec.score_group(kv, q, token_range{}, z.data(), n); }) {
     exec.score_group(kv, q, token_range{0, n}, z.data(), n);
   } else {
@@ -37,6 +37,10 @@ void group_attention_weights(const KV& kv, const query_group& q, const Exec& exe
       for (index_t h = 0; h < q.heads; ++h)
         exec.score(kv, q, h, token_range{b, std::min(n, b + tile)}, z.data() + h * n);
   }
+  // Per head: its maximum, then its exponentials in place and their sum; one last pass
+  // adds every head's normalised weights, so `weight` is written once, not once per head.
+  thread_local std::vector<float> inv;
+  inv.resize(static_cast<std::size_t>(q.heads));
   for (index_t h = 0; h < q.heads; ++h) {
     float* zh = z.data() + static_cast<std::size_t>(h) * n;
     lanes top_lanes(-std::numeric_limits<float>::infinity());
@@ -54,8 +58,19 @@ void group_attention_weights(const KV& kv, const query_group& q, const Exec& exe
     }
     double sum = xsimd::hadd(sum_lanes);
     for (; i < n; ++i) sum += (zh[i] = std::exp(zh[i] - top));
-    const float inv = static_cast<float>(1.0 / sum);
-    for (i = 0; i < n; ++i) weight[i] += zh[i] * inv;
+    inv[h] = static_cast<float>(1.0 / sum);
+  }
+  index_t i = 0;
+  for (; i + L <= n; i += L) {
+    lanes w(0.f);
+    for (index_t h = 0; h < q.heads; ++h)
+      w = xsimd::fma(lanes::load_unaligned(z.data() + static_cast<std::size_t>(h) * n + i), lanes(inv[h]), w);
+    w.store_unaligned(weight.data() + i);
+  }
+  for (; i < n; ++i) {
+    float w = 0.f;
+    for (index_t h = 0; h < q.heads; ++h) w += z[static_cast<std::size_t>(h) * n + i] * inv[h];
+    weight[i] = w;
   }
 }
 
@@ -86,6 +101,15 @@ inline void add_top_k(const std::vector<float>& weight, index_t k, selection& ou
   index_t ties = k - greater;  // tokens of weight exactly kth to take, lowest index first
   for (index_t i = 0; i < n; ++i)
     if (weight[i] > kth || (weight[i] == kth && ties > 0 && ties--)) out.add(i, i + 1);
+}
+
+// The k heaviest tokens of the group's summed weights added to out; the scratch is per
+// thread, so a decode step allocates nothing once the thread has seen the longest cache.
+template <KvView KV, class Exec>
+void add_group_top_k(const KV& kv, const query_group& q, const Exec& exec, index_t k, selection& out) {
+  thread_local std::vector<float> z, weight;
+  group_attention_weights(kv, q, exec, z, weight);
+  add_top_k(weight, k, out);
 }
 
 }  // namespace floe::select
