@@ -143,8 +143,10 @@ class anchor_store {
   const std::vector<token_range>& reused(index_t layer, index_t head, index_t n) const {
     const index_t a = plan_.anchor_of[layer], h = plan_.source_head(layer, head);
     const slot& s = slots_[a * plan_.kv_heads + h];
+    require(s.n != none, "store", "layer ", layer, " reuses anchor layer ", a, " head ", h,
+            ", which has not chosen yet: run the anchor layer first in each step");
     require(s.n == n, "store", "layer ", layer, " reuses anchor layer ", a, " head ", h, ", which last chose at n = ",
-            s.n == none ? index_t{0} : s.n, " (n = ", n, " now): run the anchor layer first in each step");
+            s.n, " (n = ", n, " now): run the anchor layer first in each step");
     return s.ranges;
   }
 
