@@ -306,28 +306,37 @@ void for_head_blocks(index_t heads, F&& f) {
   }
 }
 
-template <class L, class T, bool Paired>
-void attend_tiles(const group_args& g, const row_run<T>* runs, index_t run_count, const online_state& st) {
-  const T* keys[2][tile_tokens];  // this tile and the next, whose rows are prefetched
+// Calls f(keys, values, n, next) for each tile of the runs in order, with `next` the rows of
+// the tile after it (empty at the end), which f's kernels prefetch while this one runs.
+template <class L, class T, class F>
+void for_each_tile(const group_args& g, const row_run<T>* runs, index_t run_count, F&& f) {
+  const T* keys[2][tile_tokens];
   const T* values[2][tile_tokens];
-  float* z = st.scratch;                              // [heads][tile_tokens]
-  float* alpha = st.scratch + g.heads * tile_tokens;  // [heads]
   row_cursor<L, T> cursor(runs, run_count, g.key_stride, g.value_stride);
   index_t cur = 0, n = cursor.next(keys[0], values[0]);
   while (n) {
     const index_t next_n = cursor.next(keys[cur ^ 1], values[cur ^ 1]);
-    const row_run<const T*> next{keys[cur ^ 1], values[cur ^ 1], next_n}, none{nullptr, nullptr, 0};
-    for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
-      score_block<L, T, G, Paired>(g, h0, keys[cur], n, z + h0 * tile_tokens, tile_tokens, true,
-                                   h0 == 0 ? next : none);
-    });
-    softmax_step<L>(g.heads, n, z, alpha, st.m, st.l);
-    for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
-      value_block<L, T, G, Paired>(g, h0, values[cur], n, z, alpha, st.a, h0 == 0 ? next : none);
-    });
+    f(keys[cur], values[cur], n, row_run<const T*>{keys[cur ^ 1], values[cur ^ 1], next_n});
     cur ^= 1;
     n = next_n;
   }
+}
+
+template <class L, class T, bool Paired>
+void attend_tiles(const group_args& g, const row_run<T>* runs, index_t run_count, const online_state& st) {
+  float* z = st.scratch;                              // [heads][tile_tokens]
+  float* alpha = st.scratch + g.heads * tile_tokens;  // [heads]
+  const row_run<const T*> none{nullptr, nullptr, 0};
+  for_each_tile<L, T>(g, runs, run_count, [&](const T* const* keys, const T* const* values, index_t n,
+                                              const row_run<const T*>& next) {
+    for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
+      score_block<L, T, G, Paired>(g, h0, keys, n, z + h0 * tile_tokens, tile_tokens, true, h0 == 0 ? next : none);
+    });
+    softmax_step<L>(g.heads, n, z, alpha, st.m, st.l);
+    for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
+      value_block<L, T, G, Paired>(g, h0, values, n, z, alpha, st.a, h0 == 0 ? next : none);
+    });
+  });
 }
 
 // bf16 with d and dv multiples of 2W runs paired: each 2W-block of the query is copied to
@@ -369,20 +378,14 @@ void score_runs(const group_args& g, index_t head, const row_run<T>* runs, index
 // order: each key row is read once for all heads (the next tile's rows prefetched).
 template <class L, class T>
 void score_group_runs(const group_args& g, const row_run<T>* runs, index_t run_count, float* z, index_t ld) {
-  const T* keys[2][tile_tokens];
-  const T* values[2][tile_tokens];
-  row_cursor<L, T> cursor(runs, run_count, g.key_stride, g.value_stride);
-  index_t cur = 0, n = cursor.next(keys[0], values[0]);
-  while (n) {
-    const index_t next_n = cursor.next(keys[cur ^ 1], values[cur ^ 1]);
-    const row_run<const T*> next{keys[cur ^ 1], values[cur ^ 1], next_n}, none{nullptr, nullptr, 0};
+  const row_run<const T*> none{nullptr, nullptr, 0};
+  for_each_tile<L, T>(g, runs, run_count, [&](const T* const* keys, const T* const*, index_t n,
+                                              const row_run<const T*>& next) {
     for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
-      score_block<L, T, G>(g, h0, keys[cur], n, z + h0 * ld, ld, false, h0 == 0 ? next : none);
+      score_block<L, T, G>(g, h0, keys, n, z + h0 * ld, ld, false, h0 == 0 ? next : none);
     });
     z += n;
-    cur ^= 1;
-    n = next_n;
-  }
+  });
 }
 
 template <class L>
