@@ -127,4 +127,8 @@ TEST_CASE("simd attend and score reject bad arguments", "[exec][simd][errors]") 
   CHECK(argument_of([&] { simd.score(kv.view(), q, 2, {0, 10}, z.data()); }) == "head");
   CHECK(argument_of([&] { simd.score(kv.view(), q, 0, {90, 101}, z.data()); }) == "range");
   CHECK(argument_of([&] { simd.score(kv.view(), q, 0, {0, 10}, nullptr); }) == "z");
+  queries[70] = std::nanf("");  // the query is checked first, as attend checks it
+  CHECK(argument_of([&] { simd.score(kv.view(), q, 2, {0, 10}, z.data()); }) == "query");
+  CHECK(argument_of([&] { simd.score_group(kv.view(), q, {0, 20}, z.data(), 10); }) == "query");
+  queries[70] = 0.f;
 }

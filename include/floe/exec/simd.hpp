@@ -53,9 +53,9 @@ class simd : public batch_decoder<simd> {
   // z[i - r.begin] = scale * q_head . k_i for i in r.
   template <KvView KV>
   void score(const KV& kv, const query_group& q, index_t head, token_range r, float* z) const {
-    require(head < q.heads, "head", "head ", head, " of a group of ", q.heads, " query heads");
-    score_rows(kv, q, r, z, [&](const auto& kernel, const auto& args, const auto* runs, index_t count, float* at) {
-      kernel.score(args, head, runs, count, at);
+    const auto check = [&] { require(head < q.heads, "head", "head ", head, " of ", q.heads, " query heads"); };
+    score_rows(kv, q, r, z, check, [&](const auto& kernel, const auto& args, const auto* runs, index_t n, float* at) {
+      kernel.score(args, head, runs, n, at);
     });
   }
 
@@ -63,9 +63,11 @@ class simd : public batch_decoder<simd> {
   // each key read once for all heads (ranking by the group's weights: oracle_topk).
   template <KvView KV>
   void score_group(const KV& kv, const query_group& q, token_range r, float* z, index_t ld) const {
-    require(ld >= r.size(), "ld", "row stride ", ld, " is shorter than the range's ", r.size(), " tokens");
-    score_rows(kv, q, r, z, [&](const auto& kernel, const auto& args, const auto* runs, index_t count, float* at) {
-      kernel.score_group(args, runs, count, at, ld);
+    const auto check = [&] {
+      require(ld >= r.size(), "ld", "row stride ", ld, " is shorter than the range's ", r.size(), " tokens");
+    };
+    score_rows(kv, q, r, z, check, [&](const auto& kernel, const auto& args, const auto* runs, index_t n, float* at) {
+      kernel.score_group(args, runs, n, at, ld);
     });
   }
 
@@ -157,13 +159,15 @@ class simd : public batch_decoder<simd> {
   // batches, the first rows of the next batch's runs are asked for before a batch is
   // flushed, so that scattered rows from DRAM are on their way when the kernel gets there
   // (docs/benchmarks.md "Gathered rows").
-  // Checks a score call and feeds its rows to `call(kernel, args, runs, count, z)` in batches.
-  template <KvView KV, class Call>
-  void score_rows(const KV& kv, const query_group& q, token_range r, float* z, Call&& call) const {
+  // Checks a score call (the query and range first, then the caller's `check`) and feeds its
+  // rows to `call(kernel, args, runs, count, z)` in batches.
+  template <KvView KV, class Check, class Call>
+  void score_rows(const KV& kv, const query_group& q, token_range r, float* z, Check&& check, Call&& call) const {
     using T = typename KV::element_type;
     validate_query(q, kv.d());
     require(r.begin <= r.end && r.end <= kv.n(), "range", "[", r.begin, ", ", r.end, ") is not inside [0, ",
             kv.n(), ")");
+    check();
     if (r.begin == r.end) return;
     require(z != nullptr, "z", "null pointer");
     const auto args = group_args_of(kv, q);
