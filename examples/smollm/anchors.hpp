@@ -36,8 +36,7 @@ class calibrating_attention final : public decode_attention {
               floe::stats& io) override {
     const auto hd = static_cast<floe::index_t>(c.head_dim), group = static_cast<floe::index_t>(c.group());
     for (int g = 0; g < c.n_head_kv; ++g) {
-      const auto kv = estimator_attention<floe::any_estimator<floe::exec::simd>, floe::exec::simd>::view(
-          cache, layer, g, pos + 1);
+      const auto kv = layer_view(cache, layer, g, pos + 1);
       floe::select::group_attention_weights(kv, floe::query_group::make(q.row(0).data() + g * group * hd, group, hd),
                                             exec_, z_, weight_);
       cal_.observe(static_cast<floe::index_t>(layer), static_cast<floe::index_t>(g), weight_);

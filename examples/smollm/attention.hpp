@@ -47,6 +47,12 @@ inline void prefill_attention(const llama_config& c, int layer, const matrix& q,
   }
 }
 
+// The first n tokens of KV head g of a layer, as floe reads them.
+inline floe::kv_view<float> layer_view(const kv_cache& cache, int layer, int g, int n) {
+  return {cache.key(layer, g), cache.value(layer, g), static_cast<floe::index_t>(n),
+          static_cast<floe::index_t>(cache.head_dim), static_cast<floe::index_t>(cache.head_dim)};
+}
+
 // One decode method for every (layer, KV head): a floe estimator and its per-head state.
 class decode_attention {
  public:
@@ -79,7 +85,7 @@ class estimator_attention final : public decode_attention {
     for (int l = 0; l < c.n_layer; ++l)
       for (int g = 0; g < c.n_head_kv; ++g) {
         ests_.push_back(make_(l, g));
-        states_.push_back(ests_.back().build(view(cache, l, g, cache.n)));
+        states_.push_back(ests_.back().build(layer_view(cache, l, g, cache.n)));
       }
   }
 
@@ -90,15 +96,10 @@ class estimator_attention final : public decode_attention {
       const auto qg = floe::query_group::make(q.row(0).data() + g * group * hd, group, hd);
       const floe::output_group<float> og{out.row(0).data() + g * group * hd, group, hd, 0};
       const auto slot = static_cast<std::size_t>(layer * c.n_head_kv + g);
-      const auto kv = view(cache, layer, g, pos + 1);
+      const auto kv = layer_view(cache, layer, g, pos + 1);
       ests_[slot].append(states_[slot], kv);  // the cache grew by the tokens decoded so far
       ests_[slot].decode(states_[slot], kv, qg, exec_, og, io);
     }
-  }
-
-  static floe::kv_view<float> view(const kv_cache& cache, int layer, int g, int n) {
-    return {cache.key(layer, g), cache.value(layer, g), static_cast<floe::index_t>(n),
-            static_cast<floe::index_t>(cache.head_dim), static_cast<floe::index_t>(cache.head_dim)};
   }
 
  private:
