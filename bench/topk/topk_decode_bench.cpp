@@ -8,9 +8,12 @@
 // FLOE_BENCH_COLD_MIB (default 1024: between steps, outside the timing, a buffer of this
 // many MiB is read so that the step starts with no KV, index or selection in the caches,
 // as in an engine that steps every layer in turn; 0 keeps them warm).
-// docs/methods/retrieval-completion.md, "speed".
+// model_step times a whole model's step over FLOE_BENCH_LAYERS layers (default 30) of
+// FLOE_BENCH_MODEL_N tokens (default 32K) each: dense against anchor_reuse.
+// docs/methods/retrieval-completion.md, "speed"; docs/methods/anchor-reuse.md, "Speed".
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -18,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "floe/any_estimator.hpp"
 #include "floe/estimator.hpp"
 #include "floe/exec/simd.hpp"
 #include "floe/exec/thread_pool.hpp"
@@ -288,5 +292,95 @@ void anchor_reuse(benchmark::State& s) {
 }
 BENCHMARK(anchor_reuse)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // and again after it
+
+// A whole model's decode step: FLOE_BENCH_LAYERS layers (30, SmolLM2-135M's count) of their
+// own caches of FLOE_BENCH_MODEL_N tokens (32K: 30 x 8 heads of fp16 is 3.75 GiB, so each
+// layer's cache comes from DRAM, as in an engine), the layers in order, each layer's heads
+// on the pool. Built on first use (a few seconds), only if a model_step case runs.
+struct model_workload {
+  index_t layers = env_or("FLOE_BENCH_LAYERS", 30), n = env_or("FLOE_BENCH_MODEL_N", 32768), d = 128, dv = 128,
+          g = env_or("FLOE_BENCH_GQA", 4), heads = env_or("FLOE_BENCH_KV_HEADS", 8);
+  std::vector<std::vector<floe::half, floe::bench::huge_page_allocator<floe::half>>> keys, values;  // [layer][head]
+  std::vector<float> queries;                                                                       // [layer][head][g][d]
+
+  model_workload() {
+    // Normal samples from a table indexed by a cheap generator: billions of elements.
+    std::mt19937_64 rng(43);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<floe::half> table(4096);
+    for (auto& x : table) x = floe::half::from_float(normal(rng));
+    std::uint64_t state = 0x9e3779b97f4a7c15ULL;
+    const auto fill = [&](auto& v, index_t count) {
+      v.resize(count);
+      for (auto& x : v) {
+        state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+        x = table[state >> 52];
+      }
+    };
+    keys.resize(layers * heads);
+    values.resize(layers * heads);
+    for (index_t s = 0; s < layers * heads; ++s) fill(keys[s], n * d), fill(values[s], n * dv);
+    queries.resize(layers * heads * g * d);
+    for (auto& x : queries) x = 1.5f * normal(rng);
+  }
+  floe::kv_view<floe::half> kv(index_t l, index_t h) const {
+    return {keys[l * heads + h].data(), values[l * heads + h].data(), n, d, dv};
+  }
+  floe::query_group q(index_t l, index_t h) const {
+    return floe::query_group::make(queries.data() + (l * heads + h) * g * d, g, d);
+  }
+};
+
+// Arg 0: dense in every layer. Arg m > 0: anchor_reuse at 5 % exact with layer 0 dense and
+// the m anchors of SmolLM2's calibrated plan (docs/methods/anchor-reuse.md; m = 3 or 8),
+// spread over the layers in proportion when FLOE_BENCH_LAYERS is not 30.
+void model_step(benchmark::State& s) {
+  static const model_workload w;
+  const auto m = static_cast<index_t>(s.range(0));
+  if (m > 0 && w.layers < 2) {
+    s.SkipWithError("anchor_reuse here needs FLOE_BENCH_LAYERS >= 2 (layer 0 is dense)");
+    return;
+  }
+  using est = floe::any_estimator<floe::exec::simd>;
+  std::vector<est> ests;
+  if (m == 0) {
+    for (index_t i = 0; i < w.layers * w.heads; ++i)
+      ests.push_back(est::from("dense", [](index_t) {
+        return floe::estimator<floe::select::dense, floe::residual::none>{};
+      }));
+  } else {
+    std::vector<index_t> anchors =
+        m == 3 ? std::vector<index_t>{1, 3, 21} : std::vector<index_t>{1, 2, 3, 14, 17, 20, 21, 28};
+    for (auto& a : anchors) a = std::max<index_t>(1, std::min<index_t>(w.layers - 1, a * w.layers / 30));
+    anchors.erase(std::unique(anchors.begin(), anchors.end()), anchors.end());
+    const auto plan = floe::select::anchor_plan::from_anchors(w.layers, w.heads, anchors, {0});
+    const floe::select::anchor_reuse proto{w.n / 20, std::make_shared<floe::select::anchor_store>(plan)};
+    for (index_t l = 0; l < w.layers; ++l)
+      for (index_t h = 0; h < w.heads; ++h)
+        ests.push_back(est::from("anchor_reuse", [slot = proto.at(l, h)](index_t) {
+          return floe::estimator<floe::select::anchor_reuse, floe::residual::none>(slot, {});
+        }));
+  }
+  std::vector<est::state> states;
+  for (index_t l = 0; l < w.layers; ++l)
+    for (index_t h = 0; h < w.heads; ++h) states.push_back(ests[l * w.heads + h].build(w.kv(l, h)));
+  const floe::exec::simd exec;
+  std::vector<float> out(w.heads * w.g * w.dv);
+  std::vector<floe::stats> io(w.heads);
+  for (auto _ : s)
+    for (index_t l = 0; l < w.layers; ++l)
+      pool().parallel_for(w.heads, [&](index_t h) {
+        ests[l * w.heads + h].decode(states[l * w.heads + h], w.kv(l, h), w.q(l, h), exec,
+                                     floe::output_group<float>{out.data() + h * w.g * w.dv, w.g, w.dv, 0}, io[h]);
+      });
+  floe::stats all;
+  for (const auto& x : io) all += x;
+  const double steps = static_cast<double>(s.iterations());
+  s.counters["MiB_read_per_step"] = static_cast<double>(all.bytes_read()) / steps / (1 << 20);
+  s.counters["KV_MiB"] = static_cast<double>(w.layers * w.heads * w.n * (w.d + w.dv) * 2) / (1 << 20);
+  s.SetLabel(std::to_string(w.layers) + " layers, " + std::to_string(w.n) + " tokens, " +
+             std::to_string(pool().size()) + " thread(s)");
+}
+BENCHMARK(model_step)->Arg(0)->Arg(8)->Arg(3)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();
