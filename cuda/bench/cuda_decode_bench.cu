@@ -1,6 +1,8 @@
 // Decode attention speed of floe::exec::cuda, dense, gathered (64-token ranges covering
-// 5 % of N) and paged (16-token blocks), as bytes read per second and as a fraction of
-// the device's read bandwidth measured in the same run by a streaming-read kernel.
+// 5 % of N), paged (16-token blocks) and an anchor step (anchor_reuse's anchor layer and
+// oracle_topk: every KV head's group_top_k of 5 % of N on the device, then one gathered
+// decode of the chosen tokens), as bytes read per second and as a fraction of the
+// device's read bandwidth measured in the same run by a streaming-read kernel.
 // Each iteration is one whole call (host planning, upload, kernels, synchronize), on KV
 // copies rotated so that the working set is several times the L2 cache.
 //
@@ -16,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "floe/exec/cuda.hpp"
@@ -75,7 +78,19 @@ double measured_read_gbps() {
   return gbps;
 }
 
-enum class access { dense, gathered, paged16 };
+// Distinct finite values, so that the anchor step ranks real scores: 16-bit patterns of
+// magnitude 0.5-1 (fp16) or 0.5-2 (bf16) with a hashed mantissa and sign.
+__global__ void fill_hashed(std::uint16_t* p, std::size_t count, std::uint16_t exponent_bits) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < count; i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = static_cast<std::uint16_t>(exponent_bits | (h & 0x83ffu));
+  }
+}
+
+enum class access { dense, gathered, paged16, anchor };
 
 template <class T>
 void decode_case(benchmark::State& state, access how, index_t d, index_t hq, index_t hkv) {
@@ -87,6 +102,9 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
   T* kv;
   check(cudaMalloc(&kv, copies * step_bytes));
   check(cudaMemset(kv, 0x3c, copies * step_bytes));  // finite values (0x3c3c: 1.06 in fp16, 0.0115 in bf16)
+  if (how == access::anchor)
+    fill_hashed<<<1024, 256>>>(reinterpret_cast<std::uint16_t*>(kv), copies * step_bytes / 2,
+                               sizeof(T) == 2 && std::is_same_v<T, floe::half> ? 0x3800 : 0x3f00);
   float *q, *out;
   check(cudaMalloc(&q, batch * hq * d * sizeof(float)));
   check(cudaMalloc(&out, batch * hq * d * sizeof(float)));
@@ -121,9 +139,28 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
   const floe::exec::cuda ex({0, chunk ? static_cast<index_t>(std::strtoull(chunk, nullptr, 10)) : 0});
   const float scale = 1.f / std::sqrt(float(d));
   index_t tokens = how == access::gathered ? ranges * 64 : n;
+  // The anchor step's host queries (group_top_k stages them) and chosen sets.
+  std::vector<float> qh(batch * hq * d);
+  for (float& x : qh) x = std::uniform_real_distribution<float>(-1.f, 1.f)(g);
+  const index_t k = n / 20, group = hq / hkv;
+  std::vector<floe::selection> chosen(heads);
+  std::vector<std::vector<token_range>> chosen_ranges(heads);
   std::size_t c = 0;
   auto one = [&] {
-    if (how == access::paged16) {
+    if (how == access::anchor) {
+      std::vector<floe::sequence<floe::kv_view<T>>> seqs;
+      for (index_t s = 0; s < batch; ++s) {
+        for (index_t h = 0; h < hkv; ++h) {
+          auto& sel = chosen[s * hkv + h];
+          sel.clear();
+          const floe::query_group qg{qh.data() + (s * hq + h * group) * d, group, d, d, scale};
+          ex.group_top_k(views[c * batch + s][h], qg, k, sel);
+          chosen_ranges[s * hkv + h] = sel.ranges;
+        }
+        seqs.push_back({views[c * batch + s], q + s * hq * d, out + s * hq * d});
+      }
+      ex.decode_gathered<floe::kv_view<T>>(seqs, shape, scale, chosen_ranges);
+    } else if (how == access::paged16) {
       std::vector<floe::sequence<floe::paged_kv_view<T>>> seqs;
       for (index_t s = 0; s < batch; ++s) seqs.push_back({paged[c * batch + s], q + s * hq * d, out + s * hq * d});
       ex.decode<floe::paged_kv_view<T>>(seqs, shape, scale);
@@ -137,7 +174,9 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
   };
   one();  // warm-up: allocator pool, first launches
   for (auto _ : state) one();
-  const double bytes = double(heads) * tokens * d * 2 * sizeof(T);
+  // The anchor step reads every key and the chosen tokens' values (their keys are cached).
+  const double bytes = how == access::anchor ? double(heads) * (n + k) * d * sizeof(T)
+                                             : double(heads) * tokens * d * 2 * sizeof(T);
   state.counters["bytes"] = bytes;
   state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["device_read_GB/s"] = measured_read_gbps();
@@ -160,7 +199,8 @@ void register_type(const char* type) {
     index_t d, hq, hkv;
   };
   for (shape s : {shape{128, 32, 8}, shape{64, 9, 3}})
-    for (auto [how, label] : {std::pair{access::dense, "dense"}, {access::gathered, "gathered"}, {access::paged16, "paged16"}}) {
+    for (auto [how, label] : {std::pair{access::dense, "dense"}, {access::gathered, "gathered"}, {access::paged16, "paged16"},
+                              {access::anchor, "anchor_step"}}) {
       auto* b = benchmark::RegisterBenchmark(join("cuda/", label, "/", type, "/d", s.d, "_hq", s.hq, "_hkv", s.hkv).c_str(),
                                              [=](benchmark::State& st) { decode_case<T>(st, how, s.d, s.hq, s.hkv); });
       b->ArgNames({"N", "batch"})->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -11,22 +11,16 @@
 #include <cstdint>
 
 #include "floe/exec/cuda/kernel_api.hpp"
+#include "stream.cuh"
 
 namespace floe::cuda_detail {
 namespace {
-
-// The stream of the calling thread's current executor call (select_device sets it).
-thread_local cudaStream_t current_stream = cudaStreamPerThread;
 
 // L lanes take one token (16 by default; 8 for 64-element rows of 16-bit types, which
 // fill only 8 lanes with 16 bytes each); a block of 128 threads holds 128 / L subgroups.
 constexpr int block_threads = 128;
 template <int L>
 constexpr int subgroups_of = block_threads / L;
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw cuda_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 // 16-byte loads: 4 floats or 8 16-bit elements, widened to float.
 template <class T>
@@ -423,7 +417,10 @@ __global__ void __launch_bounds__(block_threads) merge_groups(const group_desc* 
   }
 }
 
-template <class T, int SLOTS>
+// Scores of every head of each chunk's group: z[h * out_stride + first_token + j] into the
+// group's `out` when it has one (a whole group's scores, one read of each key), else into
+// z (one head; out_stride 0).
+template <class T, int SLOTS, int HP>
 __global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, const chunk* chunks,
                                                               const group_desc* groups, float* z) {
   constexpr int V = vec_of<T>, W = SLOTS * V;
@@ -431,17 +428,20 @@ __global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, c
   const group_desc g = groups[c.group];
   constexpr int subgroups = subgroups_of<16>;
   const int lane = threadIdx.x % 16, sub = threadIdx.x / 16;
-  float q[W];
+  float q[HP][W];
 #pragma unroll
-  for (int s = 0; s < SLOTS; ++s)
+  for (int h = 0; h < HP; ++h)
 #pragma unroll
-    for (int t = 0; t < V; ++t) {
-      const int e = element_of<T, 16>(s, lane, t);
-      q[s * V + t] = e < g.d ? g.q[e] : 0.f;
-    }
+    for (int s = 0; s < SLOTS; ++s)
+#pragma unroll
+      for (int t = 0; t < V; ++t) {
+        const int e = element_of<T, 16>(s, lane, t);
+        q[h][s * V + t] = h < g.heads && e < g.d ? g.q[h * g.q_stride + e] : 0.f;
+      }
+  float* base = g.out ? g.out : z;
   run_cursor cur{runs + c.first_run};
-  for (int base = 0; base < c.tokens; base += subgroups) {
-    const int j = base + sub;
+  for (int b = 0; b < c.tokens; b += subgroups) {
+    const int j = b + sub;
     float k[W];
     if (j < c.tokens) {
       cur.seek(j);
@@ -451,11 +451,14 @@ __global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, c
 #pragma unroll
       for (int e = 0; e < W; ++e) k[e] = 0.f;
     }
-    float dot = 0.f;
 #pragma unroll
-    for (int e = 0; e < W; ++e) dot = fmaf(q[e], k[e], dot);
-    dot = sum_lanes(dot);
-    if (j < c.tokens && lane == 0) z[c.first_token + j] = g.scale * dot;
+    for (int h = 0; h < HP; ++h) {
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < W; ++e) dot = fmaf(q[h][e], k[e], dot);
+      dot = sum_lanes(dot);
+      if (j < c.tokens && lane == 0 && h < g.heads) base[h * g.out_stride + c.first_token + j] = g.scale * dot;
+    }
   }
 }
 
@@ -514,13 +517,25 @@ void attend_type(const launch_args& a) {
   else if constexpr (vec_of<T> == 4) attend_slots<T, 4, 16>(a);
 }
 
+template <class T, int SLOTS>
+void score_slots(int heads_pass, const run* runs, const chunk* chunks, int chunk_count, const group_desc* groups,
+                 float* z) {
+  if (heads_pass == 1) score_chunks<T, SLOTS, 1><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
+  else if (heads_pass == 4) score_chunks<T, SLOTS, 4><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
+  else if constexpr (SLOTS * vec_of<T> <= 8)
+    score_chunks<T, SLOTS, 8><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
+  else
+    throw cuda_error("no score kernel for 8 heads a pass at rows over 128");
+}
+
 template <class T>
-void score_type(int row, const run* runs, const chunk* chunks, int chunk_count, const group_desc* groups, float* z) {
+void score_type(int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
+                const group_desc* groups, float* z) {
   if (chunk_count == 0) return;
   const int slots = slots_for<T>(row);
-  if (slots == 1) score_chunks<T, 1><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
-  else if (slots == 2) score_chunks<T, 2><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
-  else if constexpr (vec_of<T> == 4) score_chunks<T, 4><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
+  if (slots == 1) score_slots<T, 1>(heads_pass, runs, chunks, chunk_count, groups, z);
+  else if (slots == 2) score_slots<T, 2>(heads_pass, runs, chunks, chunk_count, groups, z);
+  else if constexpr (vec_of<T> == 4) score_slots<T, 4>(heads_pass, runs, chunks, chunk_count, groups, z);
   check(cudaGetLastError(), "score kernel launch");
 }
 
@@ -605,12 +620,12 @@ int multiprocessors(int device) {
   return n;
 }
 
-void launch_score(element type, int row, const run* runs, const chunk* chunks, int chunk_count,
+void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
                   const group_desc* groups, float* z) {
   switch (type) {
-    case element::f32: return score_type<float>(row, runs, chunks, chunk_count, groups, z);
-    case element::f16: return score_type<__half>(row, runs, chunks, chunk_count, groups, z);
-    case element::bf16: return score_type<__nv_bfloat16>(row, runs, chunks, chunk_count, groups, z);
+    case element::f32: return score_type<float>(row, heads_pass, runs, chunks, chunk_count, groups, z);
+    case element::f16: return score_type<__half>(row, heads_pass, runs, chunks, chunk_count, groups, z);
+    case element::bf16: return score_type<__nv_bfloat16>(row, heads_pass, runs, chunks, chunk_count, groups, z);
   }
 }
 

@@ -1,5 +1,5 @@
 // floe::exec::cuda against the scalar reference (double accumulation) on fresh random
-// inputs: attend over whole caches and gathered ranges, score, batch decode on device
+// inputs: attend over whole caches, gathered ranges and single tokens, score, batch decode on device
 // memory with every output element written, and bad input refused before any write.
 #include <catch2/catch.hpp>
 
@@ -31,12 +31,20 @@ std::vector<token_range> scattered(index_t n) {
   return out;
 }
 
+// Every third token, as single-token ranges (a top-k selection; read through a token list).
+std::vector<token_range> singles(index_t n) {
+  std::vector<token_range> out;
+  for (index_t i = 1; i < n; i += 3) out.push_back({i, i + 1});
+  if (out.empty()) out.push_back({0, n});
+  return out;
+}
+
 // kv: the device copy; ref: the same cache in host memory, for the scalar reference.
 template <class T, class KV>
 void check_attend(const KV& kv, const KV& ref, index_t heads, std::mt19937_64& g, const floe::exec::cuda& ex) {
   const auto qd = ft::random_floats(g, heads * kv.d());
   const auto q = floe::query_group::make(qd.data(), heads, kv.d());
-  for (const auto& ranges : {std::vector<token_range>{{0, kv.n()}}, scattered(kv.n())}) {
+  for (const auto& ranges : {std::vector<token_range>{{0, kv.n()}}, scattered(kv.n()), singles(kv.n())}) {
     floe::partial_set<float> got(heads, kv.dv());
     floe::partial_set<double> want(heads, kv.dv());
     ex.attend(kv, q, ranges, got);
@@ -158,7 +166,9 @@ void batch_case(std::uint64_t salt) {
     device_batch<T> gathered(g, {1000, 4097, 70}, shape, d);
     std::vector<std::vector<token_range>> exact;
     for (index_t gi = 0; gi < gathered.host.size(); ++gi)
-      exact.push_back(gi == 1 ? std::vector<token_range>{} : scattered(gathered.host[gi]->n));  // one empty: zeros
+      exact.push_back(gi == 1 ? std::vector<token_range>{}  // one empty: zeros
+                      : gi % 3 == 2 ? singles(gathered.host[gi]->n)
+                                    : scattered(gathered.host[gi]->n));
     const auto gseqs = gathered.sequences();
     ex.decode_gathered<floe::kv_view<T>>(gseqs, shape, scale, exact);
     gathered.check([&](index_t gi) { return exact[gi]; }, scale);

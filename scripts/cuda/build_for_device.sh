@@ -4,7 +4,7 @@
 # packages can run them (scripts/cuda/device_check.sh).
 set -euo pipefail
 cmake -S . -B build/cudadev -DCMAKE_BUILD_TYPE=Release -DFLOE_WERROR=ON -DFLOE_CUDA=ON -DFLOE_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build build/cudadev -j"$(nproc)" --target floe_cuda_executor_test floe_cuda_conformance_test floe_cuda_decode_bench
+cmake --build build/cudadev -j"$(nproc)" --target floe_cuda_executor_test floe_cuda_conformance_test floe_cuda_top_k_test floe_cuda_decode_bench
 mkdir -p build/cudadev-bin/lib
 cp -L "$(ldd build/cudadev/cuda/floe_cuda_decode_bench | awk '/libbenchmark/ {print $3}')" build/cudadev-bin/lib/
-for t in floe_cuda_executor_test floe_cuda_conformance_test floe_cuda_decode_bench; do cp build/cudadev/cuda/$t build/cudadev-bin/; done
+for t in floe_cuda_executor_test floe_cuda_conformance_test floe_cuda_top_k_test floe_cuda_decode_bench; do cp build/cudadev/cuda/$t build/cudadev-bin/; done

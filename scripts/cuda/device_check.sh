@@ -8,7 +8,7 @@ mkdir -p "$out"
 bin=build/cudadev-bin
 export LD_LIBRARY_PATH=$PWD/$bin/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$out/gpu.txt"
-for t in floe_cuda_executor_test floe_cuda_conformance_test; do
+for t in floe_cuda_executor_test floe_cuda_conformance_test floe_cuda_top_k_test; do
   echo "== $t"
   "$bin/$t" --durations yes 2>&1 | tail -25 | tee "$out/$t.txt"
   echo "rc=${PIPESTATUS[0]}"

@@ -74,10 +74,48 @@ class cuda : public batch_decoder<cuda> {
     p.add_group(kv, std::span<const token_range>(&r, 1), desc, nullptr, 0, at);
     device_block mem(p.device_bytes(r.size()));
     p.upload(mem);
-    cuda_detail::launch_score(element_of<KV>(), row_of(kv), p.runs_on(mem), p.chunks_on(mem),
+    cuda_detail::launch_score(element_of<KV>(), row_of(kv), 1, p.runs_on(mem), p.chunks_on(mem),
                               static_cast<int>(p.chunks.size()), p.groups_on(mem), p.results_on(mem));
     cuda_detail::to_host(z, p.results_on(mem), r.size() * sizeof(float));
     cuda_detail::synchronize();
+  }
+
+  // Adds to `out` the k (<= n) tokens of kv whose softmax weights, summed over the
+  // group's heads, are largest (ties to the lower index): the ranking of oracle_topk and
+  // of anchor_reuse's anchor layers (select::add_group_top_k calls it). Scores, weights
+  // and the selection stay on the device; only the k indices come back.
+  template <KvView KV>
+  void group_top_k(const KV& kv, const query_group& q, index_t k, selection& out) const {
+    validate_query(q, kv.d());
+    require_shape(kv);
+    const index_t n = kv.n();
+    require(k <= n, "k", "top ", k, " of a cache of n = ", n, " tokens");
+    if (k == 0) return;
+    if (k == n) return out.add(0, n);
+    const int pass = cuda_detail::heads_per_pass(row_of(kv));
+    cuda_detail::select_device(opt_.device, opt_.stream);
+    // Scores [heads, n], the selection's scratch and the chosen indices, then the plan.
+    const std::size_t z_bytes = plan::up(sizeof(float) * q.heads * n);
+    const std::size_t scratch_bytes = plan::up(cuda_detail::top_k_scratch_bytes(static_cast<int>(q.heads), std::int64_t(n)));
+    device_block work(z_bytes + scratch_bytes + sizeof(std::int32_t) * k);
+    float* z = reinterpret_cast<float*>(work.p);
+    auto* chosen = reinterpret_cast<std::int32_t*>(work.p + z_bytes + scratch_bytes);
+    plan p(chunk_tokens_for(n * ((q.heads + pass - 1) / pass)));
+    const token_range all{0, n};
+    for (index_t h0 = 0; h0 < q.heads; h0 += index_t(pass)) {
+      const auto [desc, at] = host_query(p, q, h0, std::min<index_t>(pass, q.heads - h0));
+      p.add_group(kv, std::span<const token_range>(&all, 1), desc, z + h0 * n, n, at);
+    }
+    device_block mem(p.device_bytes(0));
+    p.upload(mem);
+    cuda_detail::launch_score(element_of<KV>(), row_of(kv), pass_template(p.max_heads), p.runs_on(mem),
+                              p.chunks_on(mem), static_cast<int>(p.chunks.size()), p.groups_on(mem), nullptr);
+    cuda_detail::launch_group_top_k(z, static_cast<int>(q.heads), std::int64_t(n), std::int64_t(k),
+                                    work.p + z_bytes, chosen);
+    std::vector<std::int32_t> indices(k);
+    cuda_detail::to_host(indices.data(), chosen, sizeof(std::int32_t) * k);
+    cuda_detail::synchronize();
+    for (const std::int32_t i : indices) out.add(i, i + 1);
   }
 
   // Merges the exact partial over `ranges` of every query head of the group into `out`.
@@ -217,6 +255,21 @@ class cuda : public batch_decoder<cuda> {
             paged_runs.emplace_back(runs.size(), table);
             return cuda_detail::run{k, v, nullptr, take, static_cast<std::int32_t>(r.begin + offset), block_size};
           });
+      } else if (scattered(kv, ranges)) {
+        // Short ranges of a strided cache (a top-k selection: thousands of single tokens):
+        // their token list goes up once and the kernels read it as a block table of
+        // 1-token blocks, instead of a run planned and uploaded per range.
+        const T* k = kv.key_row(0);
+        const T* v = kv.value_row(0);
+        aligned = aligned && reinterpret_cast<std::uintptr_t>(k) % 16 == 0 && reinterpret_cast<std::uintptr_t>(v) % 16 == 0;
+        const std::size_t list = tables.size();
+        index_t count = 0;
+        for (const token_range& r : ranges)
+          for (index_t i = r.begin; i < r.end; ++i, ++count) tables.push_back(static_cast<std::int32_t>(i));
+        push(count, [&](index_t offset, std::int32_t take) {
+          paged_runs.emplace_back(runs.size(), list);
+          return cuda_detail::run{k, v, nullptr, take, static_cast<std::int32_t>(offset), 1};
+        });
       } else {
         for (const token_range& r : ranges) {
           if constexpr (requires { kv.for_each_run(r.begin, r.end, [](index_t, index_t, const T*, const T*) {}); })
@@ -232,6 +285,19 @@ class cuda : public batch_decoder<cuda> {
       max_dv = std::max(max_dv, int(desc.dv));
       groups.push_back(desc);
       query_of.push_back(query_offset);
+    }
+
+    // Whether `ranges` of kv are read through a token list: a strided cache (rows at
+    // key_row(0) + i * stride) whose ranges average under 16 tokens.
+    template <KvView KV>
+    static bool scattered(const KV&, std::span<const token_range> ranges) {
+      if constexpr (std::is_same_v<KV, kv_view<typename KV::element_type>>) {
+        index_t tokens = 0;
+        for (const token_range& r : ranges) tokens += r.size();
+        return !ranges.empty() && tokens < 16 * index_t(ranges.size());
+      } else {
+        return false;
+      }
     }
 
     // Offset into `tables` of the first `entries` entries of a host block table, staged

@@ -105,8 +105,13 @@ inline void add_top_k(const std::vector<float>& weight, index_t k, selection& ou
 
 // The k heaviest tokens of the group's summed weights added to out; the scratch is per
 // thread, so a decode step allocates nothing once the thread has seen the longest cache.
+// An executor with its own group_top_k (exec::cuda: on the device) ranks instead.
 template <KvView KV, class Exec>
 void add_group_top_k(const KV& kv, const query_group& q, const Exec& exec, index_t k, selection& out) {
+  if constexpr (requires { exec.group_top_k(kv, q, k, out); }) {
+    exec.group_top_k(kv, q, k, out);
+    return;
+  }
   thread_local std::vector<float> z, weight;
   group_attention_weights(kv, q, exec, z, weight);
   add_top_k(weight, k, out);

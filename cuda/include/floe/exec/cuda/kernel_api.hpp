@@ -83,9 +83,19 @@ struct launch_args {
 void launch_attend(const launch_args& args);
 int multiprocessors(int device);
 
-// z[first_token + j] = scale * q . k for each chunk's tokens (one query head per group).
-void launch_score(element type, int row, const run* runs, const chunk* chunks, int chunk_count,
+// Scores of each chunk's tokens for every head of its group (up to heads_pass, 1, 4 or 8):
+// scale * q_h . k into out[h * out_stride + first_token + j] when the group has a device
+// `out`, else into z[first_token + j] (one head, out_stride 0).
+void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
                   const group_desc* groups, float* z);
+
+// The k heaviest (0 < k < n) of w_i = sum_h exp(z[h * n + i] - m_h) / l_h, each head's
+// softmax over its n scores z (device, [heads, n]): their indices, ascending, into
+// `chosen` (device, k entries); ties at the k-th weight go to the lower index. `scratch`
+// (device) holds top_k_scratch_bytes(heads, n) bytes.
+std::size_t top_k_scratch_bytes(int heads, std::int64_t n);
+void launch_group_top_k(const float* z, int heads, std::int64_t n, std::int64_t k, void* scratch,
+                        std::int32_t* chosen);
 
 // Device queries are checked on the device (launch_args::check): the flag receives the
 // lowest (group, head, element) of a NaN or Inf, which decode_nonfinite unpacks (group -1:
