@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cuda_test_support.hpp"
+#include "support/argument_of.hpp"
 #include "exec/simd_test_support.hpp"
 #include "floe/exec/cuda.hpp"
 #include "floe/exec/scalar.hpp"
@@ -333,37 +334,29 @@ TEST_CASE("cuda decode runs on the caller's stream, after the caller's work ther
 TEST_CASE("cuda executor refuses bad input by name before writing", "[cuda]") {
   INFO("seed " << ft::seed());
   auto g = ft::rng(21);
-  auto name_of = [](auto&& f) {
-    try {
-      f();
-    } catch (const floe::invalid_argument& e) {
-      return e.argument();
-    }
-    return std::string("(nothing thrown)");
-  };
-  REQUIRE(name_of([] { floe::exec::cuda({0, index_t{1} << 21}); }) == "chunk_tokens");
-  REQUIRE(name_of([] { floe::exec::cuda({1 << 20, 512}); }) == "device");
+  REQUIRE(ft::argument_of([] { floe::exec::cuda({0, index_t{1} << 21}); }) == "chunk_tokens");
+  REQUIRE(ft::argument_of([] { floe::exec::cuda({1 << 20, 512}); }) == "device");
   const floe::exec::cuda ex;
 
   const ft::random_kv<floe::half> wide(g, 10, 300, 64);
   const ft::cuda_kv<floe::half> wide_dev(wide, ft::cuda_array<floe::half>::device);
   auto q300 = ft::random_floats(g, 300);
   floe::partial_set<float> p1(1, 64);
-  REQUIRE(name_of([&] { ex.attend(wide_dev.view(), floe::query_group::make(q300.data(), 1, 300), std::vector<token_range>{{0, 10}}, p1); }) == "d");
+  REQUIRE(ft::argument_of([&] { ex.attend(wide_dev.view(), floe::query_group::make(q300.data(), 1, 300), std::vector<token_range>{{0, 10}}, p1); }) == "d");
 
   // A view of 2^31 tokens (never read): refused by name, not truncated to 32 bits.
   const std::vector<float> q64_storage(64, 0.f);
   const floe::kv_view<float> huge(q64_storage.data(), q64_storage.data(), index_t{1} << 31, 64, 64);
   auto q64 = ft::random_floats(g, 64);
-  REQUIRE(name_of([&] { ex.attend(huge, floe::query_group::make(q64.data(), 1, 64), std::vector<token_range>{{0, 1}}, p1); }) == "n");
+  REQUIRE(ft::argument_of([&] { ex.attend(huge, floe::query_group::make(q64.data(), 1, 64), std::vector<token_range>{{0, 1}}, p1); }) == "n");
 
   const ft::random_kv<float> host(g, 100, 64, 64);
   const ft::cuda_kv<float> dev(host, ft::cuda_array<float>::device);
   auto q = ft::random_floats(g, 64 * 4);
   floe::partial_set<float> p(4, 64);
-  REQUIRE(name_of([&] { ex.attend(dev.view(), floe::query_group::make(q.data(), 4, 64), std::vector<token_range>{{90, 101}}, p); }) == "selection");
+  REQUIRE(ft::argument_of([&] { ex.attend(dev.view(), floe::query_group::make(q.data(), 4, 64), std::vector<token_range>{{90, 101}}, p); }) == "selection");
   q[5] = std::nanf("");
-  REQUIRE(name_of([&] { ex.attend(dev.view(), floe::query_group::make(q.data(), 4, 64), std::vector<token_range>{{0, 100}}, p); }) == "query");
+  REQUIRE(ft::argument_of([&] { ex.attend(dev.view(), floe::query_group::make(q.data(), 4, 64), std::vector<token_range>{{0, 100}}, p); }) == "query");
   REQUIRE(p.empty(0));  // nothing merged
 
   // A NaN in device queries: refused, and the device output keeps its poison.
@@ -373,14 +366,14 @@ TEST_CASE("cuda executor refuses bad input by name before writing", "[cuda]") {
   auto seqs = b.sequences();
   seqs[0].queries = bad_q.data();
   const auto before = b.dout[0]->to_host();
-  REQUIRE(name_of([&] { ex.decode<floe::kv_view<float>>(seqs, b.shape, 0.125f); }) == "sequence.queries");
+  REQUIRE(ft::argument_of([&] { ex.decode<floe::kv_view<float>>(seqs, b.shape, 0.125f); }) == "sequence.queries");
   const auto after = b.dout[0]->to_host();
   REQUIRE(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
   // The same with nothing selected: no chunk is read, the queries are still checked.
   const std::vector<std::vector<token_range>> nothing(1);
-  REQUIRE(name_of([&] { ex.decode_gathered<floe::kv_view<float>>(seqs, b.shape, 0.125f, nothing); }) == "sequence.queries");
+  REQUIRE(ft::argument_of([&] { ex.decode_gathered<floe::kv_view<float>>(seqs, b.shape, 0.125f, nothing); }) == "sequence.queries");
   const auto after_empty = b.dout[0]->to_host();
   REQUIRE(std::memcmp(before.data(), after_empty.data(), before.size() * sizeof(float)) == 0);
-  REQUIRE(name_of([&] { ex.decode<floe::kv_view<float>>(seqs, b.shape, 0.f); }) == "scale");
-  REQUIRE(name_of([&] { ex.decode<floe::kv_view<float>>(seqs, floe::gqa_shape{6, 4}, 0.125f); }) == "q_heads");
+  REQUIRE(ft::argument_of([&] { ex.decode<floe::kv_view<float>>(seqs, b.shape, 0.f); }) == "scale");
+  REQUIRE(ft::argument_of([&] { ex.decode<floe::kv_view<float>>(seqs, floe::gqa_shape{6, 4}, 0.125f); }) == "q_heads");
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda_test_support.hpp"
+#include "support/argument_of.hpp"
 #include "floe/exec/cuda.hpp"
 #include "floe/exec/scalar.hpp"
 #include "floe/select/oracle_topk.hpp"
@@ -168,23 +169,15 @@ TEST_CASE("cuda group_top_k refuses bad input by name", "[cuda]") {
   INFO("seed " << ft::seed());
   auto g = ft::rng(36);
   const floe::exec::cuda ex;
-  auto name_of = [](auto&& f) {
-    try {
-      f();
-    } catch (const floe::invalid_argument& e) {
-      return e.argument();
-    }
-    return std::string("(nothing thrown)");
-  };
   const ft::random_kv<float> host(g, 100, 64, 64);
   const ft::cuda_kv<float> dev(host, ft::cuda_array<float>::device);
   auto qd = ft::random_floats(g, 2 * 64);
   const auto q = floe::query_group::make(qd.data(), 2, 64);
   floe::selection sel;
-  REQUIRE(name_of([&] { ex.group_top_k(dev.view(), q, 101, sel); }) == "k");
+  REQUIRE(ft::argument_of([&] { ex.group_top_k(dev.view(), q, 101, sel); }) == "k");
   qd[70] = std::nanf("");
-  REQUIRE(name_of([&] { ex.group_top_k(dev.view(), q, 10, sel); }) == "query");
+  REQUIRE(ft::argument_of([&] { ex.group_top_k(dev.view(), q, 10, sel); }) == "query");
   REQUIRE(sel.ranges.empty());
   const auto q32 = floe::query_group::make(qd.data(), 1, 32);
-  REQUIRE(name_of([&] { ex.group_top_k(dev.view(), q32, 10, sel); }) == "query.d");
+  REQUIRE(ft::argument_of([&] { ex.group_top_k(dev.view(), q32, 10, sel); }) == "query.d");
 }

@@ -13,6 +13,7 @@
 #include "floe/exec/scalar.hpp"
 #include "floe/residual/none.hpp"
 #include "floe/select/dense.hpp"
+#include "support/argument_of.hpp"
 #include "support/reference.hpp"
 
 namespace floe::testing {
@@ -31,17 +32,6 @@ inline double median(std::vector<double> x) {
   const auto mid = x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2);
   std::nth_element(x.begin(), mid, x.end());
   return *mid;
-}
-
-// The argument a call's floe::invalid_argument names, or "(nothing thrown)".
-template <class F>
-std::string argument_of(F&& f) {
-  try {
-    f();
-  } catch (const floe::invalid_argument& e) {
-    return e.argument();
-  }
-  return "(nothing thrown)";
 }
 
 }  // namespace floe::testing

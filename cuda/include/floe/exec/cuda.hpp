@@ -264,8 +264,11 @@ class cuda : public batch_decoder<cuda> {
         aligned = aligned && reinterpret_cast<std::uintptr_t>(k) % 16 == 0 && reinterpret_cast<std::uintptr_t>(v) % 16 == 0;
         const std::size_t list = tables.size();
         index_t count = 0;
+        for (const token_range& r : ranges) count += r.size();
+        tables.resize(list + std::size_t(count));
+        std::int32_t* at = tables.data() + list;
         for (const token_range& r : ranges)
-          for (index_t i = r.begin; i < r.end; ++i, ++count) tables.push_back(static_cast<std::int32_t>(i));
+          for (index_t i = r.begin; i < r.end; ++i) *at++ = static_cast<std::int32_t>(i);
         push(count, [&](index_t offset, std::int32_t take) {
           paged_runs.emplace_back(runs.size(), list);
           return cuda_detail::run{k, v, nullptr, take, static_cast<std::int32_t>(offset), 1};
