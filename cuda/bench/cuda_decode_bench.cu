@@ -1,8 +1,9 @@
 // Decode attention speed of floe::exec::cuda, dense, gathered (64-token ranges covering
-// 5 % of N), paged (16-token blocks) and an anchor step (anchor_reuse's anchor layer and
-// oracle_topk: every KV head's group_top_k of 5 % of N on the device, then one gathered
-// decode of the chosen tokens), as bytes read per second and as a fraction of the
-// device's read bandwidth measured in the same run by a streaming-read kernel.
+// 5 % of N), paged (16-token blocks), an anchor step (Kascade's anchor layer, oracle_topk:
+// every KV head's group_top_k of 5 % of N into device memory, then one decode_indexed of
+// the chosen tokens) and a reuse step (a later layer: decode_indexed over the anchor's
+// device lists), as bytes read per second and as a fraction of the device's read
+// bandwidth measured in the same run by a streaming-read kernel.
 // Each iteration is one whole call (host planning, upload, kernels, synchronize), on KV
 // copies rotated so that the working set is several times the L2 cache.
 //
@@ -90,7 +91,7 @@ __global__ void fill_hashed(std::uint16_t* p, std::size_t count, std::uint16_t e
   }
 }
 
-enum class access { dense, gathered, paged16, anchor };
+enum class access { dense, gathered, paged16, anchor, reuse };
 
 template <class T>
 void decode_case(benchmark::State& state, access how, index_t d, index_t hq, index_t hkv) {
@@ -102,7 +103,7 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
   T* kv;
   check(cudaMalloc(&kv, copies * step_bytes));
   check(cudaMemset(kv, 0x3c, copies * step_bytes));  // finite values (0x3c3c: 1.06 in fp16, 0.0115 in bf16)
-  if (how == access::anchor)
+  if (how == access::anchor || how == access::reuse)
     fill_hashed<<<1024, 256>>>(reinterpret_cast<std::uint16_t*>(kv), copies * step_bytes / 2,
                                sizeof(T) == 2 && std::is_same_v<T, floe::half> ? 0x3800 : 0x3f00);
   float *q, *out;
@@ -139,27 +140,38 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
   const floe::exec::cuda ex({0, chunk ? static_cast<index_t>(std::strtoull(chunk, nullptr, 10)) : 0});
   const float scale = 1.f / std::sqrt(float(d));
   index_t tokens = how == access::gathered ? ranges * 64 : n;
-  // The anchor step's host queries (group_top_k stages them) and chosen sets.
+  // The anchor step's host queries (group_top_k stages them) and its chosen tokens, kept
+  // on the device per copy and head: an anchor step writes them, a reuse step reads them.
   std::vector<float> qh(batch * hq * d);
   for (float& x : qh) x = std::uniform_real_distribution<float>(-1.f, 1.f)(g);
   const index_t k = n / 20, group = hq / hkv;
-  std::vector<floe::selection> chosen(heads);
-  std::vector<std::vector<token_range>> chosen_ranges(heads);
+  std::int32_t* chosen = nullptr;
+  std::vector<floe::exec::device_tokens> lists(copies * heads);
+  if (how == access::anchor || how == access::reuse) {
+    check(cudaMalloc(&chosen, copies * heads * k * sizeof(std::int32_t)));
+    for (std::size_t i = 0; i < lists.size(); ++i) lists[i] = {chosen + i * k, k};
+  }
+  auto seqs_of = [&](std::size_t copy) {
+    std::vector<floe::sequence<floe::kv_view<T>>> seqs;
+    for (index_t s = 0; s < batch; ++s) seqs.push_back({views[copy * batch + s], q + s * hq * d, out + s * hq * d});
+    return seqs;
+  };
+  auto anchor_step = [&](std::size_t copy) {
+    for (index_t s = 0; s < batch; ++s)
+      for (index_t h = 0; h < hkv; ++h) {
+        const floe::query_group qg{qh.data() + (s * hq + h * group) * d, group, d, d, scale};
+        ex.group_top_k(views[copy * batch + s][h], qg, k, chosen + (copy * heads + s * hkv + h) * k);
+      }
+    ex.decode_indexed<T>(seqs_of(copy), shape, scale, std::span(lists).subspan(copy * heads, heads));
+  };
+  if (how == access::reuse)
+    for (std::size_t copy = 0; copy < copies; ++copy) anchor_step(copy);
   std::size_t c = 0;
   auto one = [&] {
     if (how == access::anchor) {
-      std::vector<floe::sequence<floe::kv_view<T>>> seqs;
-      for (index_t s = 0; s < batch; ++s) {
-        for (index_t h = 0; h < hkv; ++h) {
-          auto& sel = chosen[s * hkv + h];
-          sel.clear();
-          const floe::query_group qg{qh.data() + (s * hq + h * group) * d, group, d, d, scale};
-          ex.group_top_k(views[c * batch + s][h], qg, k, sel);
-          chosen_ranges[s * hkv + h] = sel.ranges;
-        }
-        seqs.push_back({views[c * batch + s], q + s * hq * d, out + s * hq * d});
-      }
-      ex.decode_gathered<floe::kv_view<T>>(seqs, shape, scale, chosen_ranges);
+      anchor_step(c);
+    } else if (how == access::reuse) {
+      ex.decode_indexed<T>(seqs_of(c), shape, scale, std::span(lists).subspan(c * heads, heads));
     } else if (how == access::paged16) {
       std::vector<floe::sequence<floe::paged_kv_view<T>>> seqs;
       for (index_t s = 0; s < batch; ++s) seqs.push_back({paged[c * batch + s], q + s * hq * d, out + s * hq * d});
@@ -174,14 +186,17 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
   };
   one();  // warm-up: allocator pool, first launches
   for (auto _ : state) one();
-  // The anchor step reads every key and the chosen tokens' values (their keys are cached).
-  const double bytes = how == access::anchor ? double(heads) * (n + k) * d * sizeof(T)
-                                             : double(heads) * tokens * d * 2 * sizeof(T);
+  // The anchor step reads every key and the chosen tokens' values (their keys are
+  // cached); the reuse step the chosen tokens' keys and values.
+  const double bytes = how == access::anchor  ? double(heads) * (n + k) * d * sizeof(T)
+                       : how == access::reuse ? double(heads) * k * d * 2 * sizeof(T)
+                                              : double(heads) * tokens * d * 2 * sizeof(T);
   state.counters["bytes"] = bytes;
   state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["device_read_GB/s"] = measured_read_gbps();
   state.counters["bw_fraction"] = benchmark::Counter(bytes * 1e-9 / measured_read_gbps(), benchmark::Counter::kIsIterationInvariantRate);
   cudaFree(kv);
+  cudaFree(chosen);
   cudaFree(q);
   cudaFree(out);
 }
@@ -200,7 +215,7 @@ void register_type(const char* type) {
   };
   for (shape s : {shape{128, 32, 8}, shape{64, 9, 3}})
     for (auto [how, label] : {std::pair{access::dense, "dense"}, {access::gathered, "gathered"}, {access::paged16, "paged16"},
-                              {access::anchor, "anchor_step"}}) {
+                              {access::anchor, "anchor_step"}, {access::reuse, "reuse_step"}}) {
       auto* b = benchmark::RegisterBenchmark(join("cuda/", label, "/", type, "/d", s.d, "_hq", s.hq, "_hkv", s.hkv).c_str(),
                                              [=](benchmark::State& st) { decode_case<T>(st, how, s.d, s.hq, s.hkv); });
       b->ArgNames({"N", "batch"})->UseRealTime()->Unit(benchmark::kMicrosecond);

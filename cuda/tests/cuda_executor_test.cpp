@@ -1,6 +1,7 @@
 // floe::exec::cuda against the scalar reference (double accumulation) on fresh random
-// inputs: attend over whole caches, gathered ranges and single tokens, score, batch decode on device
-// memory with every output element written, and bad input refused before any write.
+// inputs: attend over whole caches, gathered ranges and single tokens, score, batch decode
+// on device memory (dense, gathered, and over group_top_k's device token lists) with every
+// output element written, and bad input refused before any write.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -21,6 +22,8 @@ namespace ft = floe::testing;
 namespace {
 
 using where = ft::cuda_array<float>::where;
+using index_array = ft::cuda_array<std::int32_t>;
+constexpr auto on_device = index_array::device;
 
 // A few ranges inside [0, n): the head, scattered 64-token runs and single tokens.
 std::vector<token_range> scattered(index_t n) {
@@ -177,6 +180,88 @@ void batch_case(std::uint64_t salt) {
 }
 
 }  // namespace
+
+// decode_indexed over group_top_k's device output: the indices equal those of the host
+// entry point, and the outputs the scalar reference over those tokens; one list empty.
+template <class T>
+void indexed_case(std::uint64_t salt) {
+  INFO("seed " << ft::seed() << " type " << floe::element_name<T>());
+  auto g = ft::rng(salt);
+  const floe::exec::cuda ex;
+  const floe::gqa_shape shape{12, 3};
+  const index_t d = 128, gq = shape.group();
+  const float scale = 1.f / std::sqrt(float(d));
+  device_batch<T> b(g, {3000, 1501, 200}, shape, d);
+  const index_t groups = b.host.size();
+  std::vector<std::vector<token_range>> chosen(groups);
+  std::vector<std::int32_t> zeros(3000, 0);
+  std::vector<std::unique_ptr<ft::cuda_array<std::int32_t>>> lists;
+  std::vector<floe::exec::device_tokens> tokens;
+  for (index_t gi = 0; gi < groups; ++gi) {
+    const auto& hk = *b.host[gi];
+    const index_t k = gi == 4 ? 0 : gi % 2 ? hk.n / 20 + 1 : hk.n / 3;  // group 4: an empty list
+    const floe::query_group q{b.queries[gi / shape.kv_heads].data() + (gi % shape.kv_heads) * gq * b.q_stride, gq, d,
+                              b.q_stride, scale};
+    floe::selection sel;
+    ex.group_top_k(b.views[gi / shape.kv_heads][gi % shape.kv_heads], q, k, sel);
+    chosen[gi] = sel.ranges;
+    lists.push_back(std::make_unique<index_array>(zeros, on_device));
+    ex.group_top_k(b.views[gi / shape.kv_heads][gi % shape.kv_heads], q, k, lists.back()->data());
+    const auto from_device = lists.back()->to_host();
+    std::vector<std::int32_t> on_host;
+    for (const auto& r : sel.ranges)
+      for (index_t i = r.begin; i < r.end; ++i) on_host.push_back(static_cast<std::int32_t>(i));
+    REQUIRE(std::vector<std::int32_t>(from_device.begin(), from_device.begin() + k) == on_host);
+    tokens.push_back({lists.back()->data(), k});
+  }
+  const auto seqs = b.sequences();
+  ex.decode_indexed<T>(seqs, shape, scale, tokens);
+  b.check([&](index_t gi) { return chosen[gi]; }, scale);
+}
+
+TEST_CASE("cuda decode_indexed over group_top_k's device indices equals the scalar reference", "[cuda]") {
+  indexed_case<floe::half>(14);
+  indexed_case<float>(15);
+}
+
+TEST_CASE("cuda decode_indexed refuses a bad token list before reading through it", "[cuda]") {
+  INFO("seed " << ft::seed());
+  auto g = ft::rng(16);
+  const floe::exec::cuda ex;
+  const floe::gqa_shape shape{4, 2};
+  device_batch<floe::half> b(g, {100, 50}, shape, 64);
+  const auto seqs = b.sequences();
+  const std::vector<std::int32_t> good{1, 5, 9}, past{2, 7, 50}, twice{3, 3}, negative{-1, 4};
+  const index_array dgood(good, on_device), dpast(past, on_device), dtwice(twice, on_device),
+      dnegative(negative, on_device);
+  auto call = [&](floe::exec::device_tokens last) {
+    const std::vector<floe::exec::device_tokens> lists{{dgood.data(), 3}, {dgood.data(), 3}, {dgood.data(), 3}, last};
+    return ft::argument_of([&] { ex.decode_indexed<floe::half>(seqs, shape, 0.125f, lists); });
+  };
+  auto untouched = [&] {
+    for (const auto& o : b.dout)
+      for (float x : o->to_host()) REQUIRE((std::isnan(x) || x == b.sentinel));
+  };
+  // The second sequence has n = 50: index 50 is past it (position 2).
+  try {
+    const std::vector<floe::exec::device_tokens> lists{{dgood.data(), 3}, {dgood.data(), 3}, {dgood.data(), 3}, {dpast.data(), 3}};
+    ex.decode_indexed<floe::half>(seqs, shape, 0.125f, lists);
+    FAIL("nothing thrown");
+  } catch (const floe::invalid_argument& e) {
+    REQUIRE(e.argument() == "tokens");
+    REQUIRE(std::string(e.what()).find("sequence 1, KV head 1: position 2") != std::string::npos);
+  }
+  untouched();
+  REQUIRE(call({dtwice.data(), 2}) == "tokens");
+  REQUIRE(call({dnegative.data(), 2}) == "tokens");
+  REQUIRE(call({nullptr, 2}) == "tokens");
+  REQUIRE(call({dgood.data(), 51}) == "tokens");  // more tokens than n
+  untouched();
+  const std::vector<floe::exec::device_tokens> three(3, {dgood.data(), 3});
+  REQUIRE(ft::argument_of([&] { ex.decode_indexed<floe::half>(seqs, shape, 0.125f, three); }) == "tokens");
+  // A good call still works after the refusals.
+  REQUIRE(call({dgood.data(), 3}) == "(nothing thrown)");
+}
 
 TEST_CASE("cuda batch decode on device memory equals the scalar reference (float)", "[cuda]") { batch_case<float>(11); }
 TEST_CASE("cuda batch decode on device memory equals the scalar reference (half)", "[cuda]") { batch_case<floe::half>(12); }

@@ -38,6 +38,12 @@ struct cuda_options {
   void* stream = nullptr;
 };
 
+// `count` token indices in device memory, strictly ascending (exec::cuda::decode_indexed).
+struct device_tokens {
+  const std::int32_t* indices = nullptr;
+  index_t count = 0;
+};
+
 class cuda : public batch_decoder<cuda> {
  public:
   using accumulator = float;
@@ -86,36 +92,52 @@ class cuda : public batch_decoder<cuda> {
   // and the selection stay on the device; only the k indices come back.
   template <KvView KV>
   void group_top_k(const KV& kv, const query_group& q, index_t k, selection& out) const {
-    validate_query(q, kv.d());
-    require_shape(kv);
-    const index_t n = kv.n();
-    require(k <= n, "k", "top ", k, " of a cache of n = ", n, " tokens");
+    check_top_k(kv, q, k);
     if (k == 0) return;
-    if (k == n) return out.add(0, n);
-    const int pass = cuda_detail::heads_per_pass(row_of(kv));
+    if (k == kv.n()) return out.add(0, k);
     cuda_detail::select_device(opt_.device, opt_.stream);
-    // Scores [heads, n], the selection's scratch and the chosen indices, then the plan.
-    const std::size_t z_bytes = plan::up(sizeof(float) * q.heads * n);
-    const std::size_t scratch_bytes = plan::up(cuda_detail::top_k_scratch_bytes(static_cast<int>(q.heads), std::int64_t(n)));
-    device_block work(z_bytes + scratch_bytes + sizeof(std::int32_t) * k);
-    float* z = reinterpret_cast<float*>(work.p);
-    auto* chosen = reinterpret_cast<std::int32_t*>(work.p + z_bytes + scratch_bytes);
-    plan p(chunk_tokens_for(n * ((q.heads + pass - 1) / pass)));
-    const token_range all{0, n};
-    for (index_t h0 = 0; h0 < q.heads; h0 += index_t(pass)) {
-      const auto [desc, at] = host_query(p, q, h0, std::min<index_t>(pass, q.heads - h0));
-      p.add_group(kv, std::span<const token_range>(&all, 1), desc, z + h0 * n, n, at);
-    }
-    device_block mem(p.device_bytes(0));
-    p.upload(mem);
-    cuda_detail::launch_score(element_of<KV>(), row_of(kv), pass_template(p.max_heads), p.runs_on(mem),
-                              p.chunks_on(mem), static_cast<int>(p.chunks.size()), p.groups_on(mem), nullptr);
-    cuda_detail::launch_group_top_k(z, static_cast<int>(q.heads), std::int64_t(n), std::int64_t(k),
-                                    work.p + z_bytes, chosen);
+    device_block chosen(sizeof(std::int32_t) * k);
+    rank_on_device(kv, q, k, reinterpret_cast<std::int32_t*>(chosen.p));
     std::vector<std::int32_t> indices(k);
-    cuda_detail::to_host(indices.data(), chosen, sizeof(std::int32_t) * k);
+    cuda_detail::to_host(indices.data(), chosen.p, sizeof(std::int32_t) * k);
     cuda_detail::synchronize();
     for (const std::int32_t i : indices) out.add(i, i + 1);
+  }
+
+  // The same top k as k ascending indices written to device memory (`indices`, k
+  // entries), where decode_indexed can read them, this layer or a later one (Kascade's
+  // reuse), without a trip through the host.
+  template <KvView KV>
+  void group_top_k(const KV& kv, const query_group& q, index_t k, std::int32_t* indices) const {
+    check_top_k(kv, q, k);
+    if (k == 0) return;
+    require(indices != nullptr, "indices", "null pointer");
+    cuda_detail::select_device(opt_.device, opt_.stream);
+    if (k == kv.n()) {
+      std::vector<std::int32_t> all(k);
+      for (index_t i = 0; i < k; ++i) all[i] = static_cast<std::int32_t>(i);
+      cuda_detail::to_device(indices, all.data(), sizeof(std::int32_t) * k);
+    } else {
+      rank_on_device(kv, q, k, indices);
+    }
+    cuda_detail::synchronize();
+  }
+
+  // Gathered decode over device token lists: group s * Hkv + h (KV head h of sequence s)
+  // attends to lists[s * Hkv + h], `count` strictly ascending indices below its view's n
+  // in device memory (group_top_k's device output, say). Contiguous caches (kv_view)
+  // only. The lists are checked on the device before any row is read through them; a bad
+  // one throws invalid_argument("tokens", "sequence s, KV head h, position p ...") and
+  // nothing is written. Queries, outputs and KV on the device, as for decode.
+  template <KvElement T>
+  void decode_indexed(std::span<const sequence<kv_view<T>>> batch, gqa_shape shape, float scale,
+                      std::span<const device_tokens> lists) const {
+    shape.validate();
+    require(lists.size() == batch.size() * shape.kv_heads, "tokens", lists.size(), " token lists for ", batch.size(),
+            " sequences of ", shape.kv_heads, " KV heads");
+    for (index_t i = 0; i < lists.size(); ++i)
+      require(lists[i].count == 0 || lists[i].indices != nullptr, "tokens", "list ", i, " is a null pointer");
+    run_batch(batch, shape, scale, [&](index_t group, const kv_view<T>&) { return lists[group]; });
   }
 
   // Merges the exact partial over `ranges` of every query head of the group into `out`.
@@ -207,8 +229,9 @@ class cuda : public batch_decoder<cuda> {
     unsigned long long* flag_on(const device_block& m) const { return reinterpret_cast<unsigned long long*>(m.p + flag_at()); }
 
     // Cuts `ranges` of kv into runs and chunks of at most `cap` tokens for a new group.
-    template <KvView KV>
-    void add_group(const KV& kv, std::span<const token_range> ranges, cuda_detail::group_desc desc,
+    // `sel`: ranges (a contiguous range of token_range), or a device token list.
+    template <KvView KV, class Sel>
+    void add_group(const KV& kv, const Sel& sel, cuda_detail::group_desc desc,
                    float* out, index_t out_stride, std::size_t query_offset = npos) {
       using T = typename KV::element_type;
       const auto group = static_cast<std::int32_t>(groups.size());
@@ -243,7 +266,16 @@ class cuda : public batch_decoder<cuda> {
           return cuda_detail::run{k + offset * kv.key_stride(), v + offset * kv.value_stride(), nullptr, take, 0, 0};
         });
       };
-      if constexpr (requires { kv.block_table(); kv.key_pool(); kv.value_pool(); }) {
+      if constexpr (std::is_same_v<Sel, device_tokens>) {
+        // A device token list (decode_indexed) is itself the block table of 1-token blocks.
+        const T* k = kv.key_row(0);
+        const T* v = kv.value_row(0);
+        aligned = aligned && reinterpret_cast<std::uintptr_t>(k) % 16 == 0 && reinterpret_cast<std::uintptr_t>(v) % 16 == 0;
+        push(sel.count, [&](index_t offset, std::int32_t take) {
+          return cuda_detail::run{k, v, sel.indices, take, static_cast<std::int32_t>(offset), 1};
+        });
+      } else if constexpr (requires { kv.block_table(); kv.key_pool(); kv.value_pool(); }) {
+        const std::span<const token_range> ranges(sel);
         // Paged: one run per range, its rows found through the block table on the device.
         const T* k = kv.key_pool();
         const T* v = kv.value_pool();
@@ -255,7 +287,7 @@ class cuda : public batch_decoder<cuda> {
             paged_runs.emplace_back(runs.size(), table);
             return cuda_detail::run{k, v, nullptr, take, static_cast<std::int32_t>(r.begin + offset), block_size};
           });
-      } else if (scattered(kv, ranges)) {
+      } else if (const std::span<const token_range> ranges(sel); scattered(kv, ranges)) {
         // Short ranges of a strided cache (a top-k selection: thousands of single tokens):
         // their token list goes up once and the kernels read it as a block table of
         // 1-token blocks, instead of a run planned and uploaded per range.
@@ -341,6 +373,37 @@ class cuda : public batch_decoder<cuda> {
     }
   };
 
+  template <KvView KV>
+  static void check_top_k(const KV& kv, const query_group& q, index_t k) {
+    validate_query(q, kv.d());
+    require_shape(kv);
+    require(k <= kv.n(), "k", "top ", k, " of a cache of n = ", kv.n(), " tokens");
+  }
+
+  // Queues the scores of every head and the selection of the k (0 < k < n) heaviest
+  // tokens into `chosen` (device) on the call's stream.
+  template <KvView KV>
+  void rank_on_device(const KV& kv, const query_group& q, index_t k, std::int32_t* chosen) const {
+    const index_t n = kv.n();
+    const int pass = cuda_detail::heads_per_pass(row_of(kv));
+    // Scores [heads, n] and the selection's scratch, then the plan.
+    const std::size_t z_bytes = plan::up(sizeof(float) * q.heads * n);
+    device_block work(z_bytes + cuda_detail::top_k_scratch_bytes(static_cast<int>(q.heads), std::int64_t(n)));
+    float* z = reinterpret_cast<float*>(work.p);
+    plan p(chunk_tokens_for(n * ((q.heads + pass - 1) / pass)));
+    const token_range all{0, n};
+    for (index_t h0 = 0; h0 < q.heads; h0 += index_t(pass)) {
+      const auto [desc, at] = host_query(p, q, h0, std::min<index_t>(pass, q.heads - h0));
+      p.add_group(kv, std::span<const token_range>(&all, 1), desc, z + h0 * n, n, at);
+    }
+    device_block mem(p.device_bytes(0));
+    p.upload(mem);
+    cuda_detail::launch_score(element_of<KV>(), row_of(kv), pass_template(p.max_heads), p.runs_on(mem),
+                              p.chunks_on(mem), static_cast<int>(p.chunks.size()), p.groups_on(mem), nullptr);
+    cuda_detail::launch_group_top_k(z, static_cast<int>(q.heads), std::int64_t(n), std::int64_t(k), work.p + z_bytes,
+                                    chosen);
+  }
+
   // Heads [h0, h0 + count) of a host query group, staged for upload: their group desc
   // and where the rows sit in the staged queries.
   static std::pair<cuda_detail::group_desc, std::size_t> host_query(plan& p, const query_group& q, index_t h0,
@@ -388,9 +451,11 @@ class cuda : public batch_decoder<cuda> {
     require(std::isfinite(scale) && scale > 0.f, "scale", "must be finite and positive, got ", scale);
     const index_t g = shape.group();
     cuda_detail::select_device(opt_.device, opt_.stream);
+    using selection_of = std::remove_cvref_t<std::invoke_result_t<RangesOf&, index_t, const KV&>>;
+    constexpr bool device_lists = std::is_same_v<selection_of, device_tokens>;
     struct head_plan {
       const KV* kv;
-      std::vector<token_range> ranges;
+      selection_of ranges;  // token ranges, or a device token list (decode_indexed)
       index_t seq, head, query_stride, out_stride;
     };
     std::vector<head_plan> heads;  // validated first: nothing runs unless all is well
@@ -409,8 +474,14 @@ class cuda : public batch_decoder<cuda> {
         const index_t os = seq.out_stride ? seq.out_stride : kv.dv();
         require(qs >= kv.d(), "sequence.query_stride", "stride ", qs, " is smaller than d = ", kv.d());
         require(os >= kv.dv(), "sequence.out_stride", "stride ", os, " is smaller than dv = ", kv.dv());
-        std::vector<token_range> ranges = ranges_of(s * shape.kv_heads + h, kv);
-        tokens += simd_detail::checked_token_count(ranges, kv.n());
+        selection_of ranges = ranges_of(s * shape.kv_heads + h, kv);
+        if constexpr (device_lists) {
+          require(ranges.count <= kv.n(), "tokens", "sequence ", s, ", KV head ", h, ": ", ranges.count,
+                  " tokens listed, more than n = ", kv.n());
+          tokens += ranges.count;
+        } else {
+          tokens += simd_detail::checked_token_count(ranges, kv.n());
+        }
         row = std::max(row, row_of(kv));
         heads.push_back({&kv, std::move(ranges), s, h, qs, os});
       }
@@ -434,6 +505,7 @@ class cuda : public batch_decoder<cuda> {
     const int hp = pass_template(p.max_heads);
     device_block mem(p.device_bytes(0, std::size_t(hp) * (2 + p.max_dv)));
     p.upload(mem);
+    if constexpr (device_lists) check_lists(heads);
     // Device queries are checked on the device, in the attend launch; the merge writes
     // nothing if one is bad.
     launch<KV>(p, mem, row, hp, false);
@@ -443,6 +515,28 @@ class cuda : public batch_decoder<cuda> {
     if (bad.group >= 0)
       require(false, "sequence.queries", "sequence ", origin[bad.group].first, ", query head ",
               origin[bad.group].second + index_t(bad.head), ", element ", bad.element, " is NaN or Inf");
+  }
+
+  // Checks decode_indexed's device token lists on the device (and waits for the answer)
+  // before any row is read through them: a bad index is refused by its position.
+  template <class HeadPlans>
+  static void check_lists(const HeadPlans& heads) {
+    std::vector<cuda_detail::token_list> lists;
+    for (const auto& hp : heads)
+      lists.push_back({hp.ranges.indices, static_cast<std::int32_t>(hp.ranges.count), static_cast<std::int32_t>(hp.kv->n())});
+    const std::size_t flag_at = plan::up(sizeof(cuda_detail::token_list) * lists.size());
+    device_block mem(flag_at + sizeof(unsigned long long));
+    unsigned long long first = ~0ull;
+    cuda_detail::to_device(mem.p, lists.data(), sizeof(cuda_detail::token_list) * lists.size());
+    cuda_detail::to_device(mem.p + flag_at, &first, sizeof first);
+    auto* flag = reinterpret_cast<unsigned long long*>(mem.p + flag_at);
+    cuda_detail::launch_check_tokens(reinterpret_cast<const cuda_detail::token_list*>(mem.p), static_cast<int>(lists.size()), flag);
+    cuda_detail::to_host(&first, flag, sizeof first);
+    cuda_detail::synchronize();
+    if (first == ~0ull) return;
+    const auto& bad = heads[first >> 32];
+    require(false, "tokens", "sequence ", bad.seq, ", KV head ", bad.head, ": position ", first & 0xffffffffull,
+            " holds an index outside [0, ", bad.kv->n(), ") or not above the one before it");
   }
 
   // Tokens per chunk for `work` tokens (over all groups and head slices) in one launch:

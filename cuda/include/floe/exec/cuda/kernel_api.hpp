@@ -97,6 +97,15 @@ std::size_t top_k_scratch_bytes(int heads, std::int64_t n);
 void launch_group_top_k(const float* z, int heads, std::int64_t n, std::int64_t k, void* scratch,
                         std::int32_t* chosen);
 
+// A device token list to check: `count` indices that must ascend strictly and lie in [0, n).
+struct token_list {
+  const std::int32_t* indices;
+  std::int32_t count, n;
+};
+// Checks `lists` (device descriptors) on the device: the first bad (list, position) goes
+// into `first` (device, preset to ~0) as list << 32 | position.
+void launch_check_tokens(const token_list* lists, int list_count, unsigned long long* first);
+
 // Device queries are checked on the device (launch_args::check): the flag receives the
 // lowest (group, head, element) of a NaN or Inf, which decode_nonfinite unpacks (group -1:
 // all finite).
