@@ -157,11 +157,12 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
     return seqs;
   };
   auto anchor_step = [&](std::size_t copy) {
-    for (index_t s = 0; s < batch; ++s)
-      for (index_t h = 0; h < hkv; ++h) {
-        const floe::query_group qg{qh.data() + (s * hq + h * group) * d, group, d, d, scale};
-        ex.group_top_k(views[copy * batch + s][h], qg, k, chosen + (copy * heads + s * hkv + h) * k);
-      }
+    for (index_t s = 0; s < batch; ++s) {  // one group_top_k call ranks all KV heads of a sequence
+      std::vector<floe::query_group> qs;
+      for (index_t h = 0; h < hkv; ++h) qs.push_back({qh.data() + (s * hq + h * group) * d, group, d, d, scale});
+      ex.group_top_k(std::span<const floe::kv_view<T>>(views[copy * batch + s]), std::span<const floe::query_group>(qs), k,
+                     chosen + (copy * heads + s * hkv) * k);
+    }
     ex.decode_indexed<T>(seqs_of(copy), shape, scale, std::span(lists).subspan(copy * heads, heads));
   };
   if (how == access::reuse)
@@ -224,6 +225,72 @@ void register_type(const char* type) {
     }
 }
 
+// A whole decode step of a 30-layer model (d 128, Hq 32, Hkv 8, fp16, batch 1, its own
+// KV per layer): dense in every layer (anchors 0), or Kascade with layer 0 dense, the
+// anchors of SmolLM2's calibrated plans (8: 1 2 3 14 17 20 21 28; 3: 1 3 21) ranking 5 %
+// of N with group_top_k into device memory, and every other layer reusing its latest
+// anchor's lists (same KV head) through decode_indexed.
+void model_step_case(benchmark::State& state) {
+  using T = floe::half;
+  const index_t n = static_cast<index_t>(state.range(0)), anchors = static_cast<index_t>(state.range(1));
+  constexpr index_t layers = 30, d = 128, hq = 32, hkv = 8, group = hq / hkv;
+  const floe::gqa_shape shape{hq, hkv};
+  const std::size_t head_elems = n * d, layer_elems = hkv * head_elems * 2;
+  T* kv;
+  check(cudaMalloc(&kv, layers * layer_elems * sizeof(T)));
+  fill_hashed<<<1024, 256>>>(reinterpret_cast<std::uint16_t*>(kv), layers * layer_elems, 0x3800);
+  std::vector<std::vector<floe::kv_view<T>>> views(layers);
+  for (index_t l = 0; l < layers; ++l)
+    for (index_t h = 0; h < hkv; ++h) {
+      const T* base = kv + l * layer_elems + h * head_elems * 2;
+      views[l].emplace_back(base, base + head_elems, n, d, d);
+    }
+  float *q, *out;
+  check(cudaMalloc(&q, hq * d * sizeof(float)));
+  check(cudaMalloc(&out, hq * d * sizeof(float)));
+  std::vector<float> qh(hq * d);
+  std::mt19937_64 g(11);
+  for (float& x : qh) x = std::uniform_real_distribution<float>(-1.f, 1.f)(g);
+  check(cudaMemcpy(q, qh.data(), qh.size() * sizeof(float), cudaMemcpyHostToDevice));
+  const float scale = 1.f / std::sqrt(float(d));
+  std::vector<floe::query_group> qs;
+  for (index_t h = 0; h < hkv; ++h) qs.push_back({qh.data() + h * group * d, group, d, d, scale});
+  std::vector<char> is_anchor(layers, 0);
+  const std::vector<index_t> plan8{1, 2, 3, 14, 17, 20, 21, 28}, plan3{1, 3, 21};
+  for (index_t l : anchors == 8 ? plan8 : anchors == 3 ? plan3 : std::vector<index_t>{}) is_anchor[l] = 1;
+  const index_t k = n / 20;
+  std::int32_t* chosen;
+  check(cudaMalloc(&chosen, layers * hkv * k * sizeof(std::int32_t)));
+  std::vector<std::vector<floe::exec::device_tokens>> lists(layers);
+  for (index_t l = 0; l < layers; ++l)
+    for (index_t h = 0; h < hkv; ++h) lists[l].push_back({chosen + (l * hkv + h) * k, k});
+  const floe::exec::cuda ex;
+  auto step = [&] {
+    index_t latest = 0;  // the anchor a reuse layer reads
+    for (index_t l = 0; l < layers; ++l) {
+      const std::vector<floe::sequence<floe::kv_view<T>>> seqs{{views[l], q, out}};
+      if (l == 0 || anchors == 0) {
+        ex.decode<floe::kv_view<T>>(seqs, shape, scale);
+        continue;
+      }
+      if (is_anchor[l]) {
+        latest = l;
+        ex.group_top_k(std::span<const floe::kv_view<T>>(views[l]), std::span<const floe::query_group>(qs), k,
+                       chosen + l * hkv * k);
+      }
+      ex.decode_indexed<T>(seqs, shape, scale, lists[latest]);
+    }
+  };
+  step();  // warm-up
+  for (auto _ : state) step();
+  state.counters["layers"] = layers;
+  state.counters["anchors"] = double(anchors);
+  cudaFree(kv);
+  cudaFree(chosen);
+  cudaFree(q);
+  cudaFree(out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -232,6 +299,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   register_type<floe::half>("f16");
+  benchmark::RegisterBenchmark("cuda/model_step/f16/d128_hq32_hkv8/layers30", model_step_case)
+      ->ArgNames({"N", "anchors"})->ArgsProduct({{32768, 131072}, {0, 8, 3}})->UseRealTime()->Unit(benchmark::kMicrosecond);
   register_type<floe::bfloat16>("bf16");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

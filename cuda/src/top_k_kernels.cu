@@ -43,24 +43,25 @@ struct scratch_layout {
 std::int64_t tiles_of(std::int64_t n) { return (n + tile - 1) / tile; }
 std::size_t up(std::size_t b) { return (b + 255) / 256 * 256; }
 
-scratch_layout layout(void* scratch, int heads, std::int64_t n) {
+// Each array holds `groups` consecutive per-group parts.
+scratch_layout layout(void* scratch, int heads, std::int64_t n, int groups) {
   char* p = static_cast<char*>(scratch);
   scratch_layout s;
   s.partials = reinterpret_cast<float2*>(p);
-  p += up(sizeof(float2) * heads * stat_blocks);
+  p += up(sizeof(float2) * heads * stat_blocks * groups);
   s.weight = reinterpret_cast<float*>(p);
-  p += up(sizeof(float) * n);
+  p += up(sizeof(float) * n * groups);
   s.histogram = reinterpret_cast<unsigned*>(p);
-  p += up(sizeof(unsigned) * bins);
+  p += up(sizeof(unsigned) * bins * groups);
   s.state = reinterpret_cast<select_state*>(p);
-  p += up(sizeof(select_state));
+  p += up(sizeof(select_state) * groups);
   s.tile_counts = reinterpret_cast<unsigned long long*>(p);
   return s;
 }
 
-// Block (p, h): the max and the sum of exp(z - max) over its share of head h's scores.
-// Block (0, 0) also resets the selection's state and histogram.
-__global__ void __launch_bounds__(threads) head_partials(const float* z, std::int64_t n, std::int64_t k,
+// Block (p, g * heads + h): the max and the sum of exp(z - max) over its share of head h
+// of group g. Block (0, g * heads) also resets group g's selection state and histogram.
+__global__ void __launch_bounds__(threads) head_partials(const float* z, int heads, std::int64_t n, std::int64_t k,
                                                          float2* partials, unsigned* histogram, select_state* state) {
   const float* zh = z + blockIdx.y * n;
   float m = -INFINITY, l = 0.f;
@@ -88,16 +89,21 @@ __global__ void __launch_bounds__(threads) head_partials(const float* z, std::in
     __syncthreads();
   }
   if (threadIdx.x == 0) partials[blockIdx.y * stat_blocks + blockIdx.x] = make_float2(sm[0], sl[0]);
-  if (blockIdx.x == 0 && blockIdx.y == 0) {
-    for (int b = threadIdx.x; b < bins; b += blockDim.x) histogram[b] = 0;
-    if (threadIdx.x == 0) *state = {0u, k - 1};
+  if (blockIdx.x == 0 && blockIdx.y % heads == 0) {
+    const int group = blockIdx.y / heads;
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) histogram[group * bins + b] = 0;
+    if (threadIdx.x == 0) state[group] = {0u, k - 1};
   }
 }
 
-// w_i = sum_h exp(z_hi - m_h) / l_h; each block first merges the heads' partials.
+// w_i = sum_h exp(z_hi - m_h) / l_h of group blockIdx.y; each block first merges the
+// heads' partials.
 __global__ void __launch_bounds__(threads) group_weights(const float* z, int heads, std::int64_t n,
                                                          const float2* partials, float* weight) {
   extern __shared__ float2 stats[];  // per head: max, 1 / sum
+  z += std::int64_t(blockIdx.y) * heads * n;
+  partials += blockIdx.y * heads * stat_blocks;
+  weight += blockIdx.y * n;
   for (int h = threadIdx.x; h < heads; h += blockDim.x) {
     float m = -INFINITY, l = 0.f;
     for (int p = 0; p < stat_blocks; ++p) {
@@ -120,6 +126,9 @@ __global__ void __launch_bounds__(threads) group_weights(const float* z, int hea
 __global__ void __launch_bounds__(threads) digit_histogram(const float* weight, std::int64_t n, int level,
                                                            const select_state* state, unsigned* histogram) {
   __shared__ unsigned local[bins];
+  weight += blockIdx.y * n;  // group blockIdx.y
+  state += blockIdx.y;
+  histogram += blockIdx.y * bins;
   for (int b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
   const int shift = level_shift(level);
@@ -140,6 +149,8 @@ __global__ void __launch_bounds__(threads) digit_histogram(const float* weight, 
 __global__ void __launch_bounds__(1024) choose_digit(int level, unsigned* histogram, select_state* state) {
   using scan = cub::BlockScan<unsigned long long, 1024>;
   __shared__ typename scan::TempStorage temp;
+  histogram += blockIdx.x * bins;  // group blockIdx.x
+  state += blockIdx.x;
   const long long rank = state->rank;  // read by every thread before the scan's barrier; written after it
   const int count = static_cast<int>(level_bins(level)), per = (count + 1023) / 1024;
   // Thread t takes bins [lo, hi), counted down from the top.
@@ -180,6 +191,9 @@ __global__ void __launch_bounds__(threads) count_tiles(const float* weight, std:
                                                        const select_state* state, unsigned long long* tile_counts) {
   using reduce = cub::BlockReduce<unsigned long long, threads>;
   __shared__ typename reduce::TempStorage temp;
+  weight += blockIdx.y * n;  // group blockIdx.y
+  state += blockIdx.y;
+  tile_counts += blockIdx.y * (gridDim.x + 1);
   const std::int64_t first = blockIdx.x * std::int64_t(tile) + threadIdx.x * per_thread;
   const unsigned long long total = reduce(temp).Sum(thread_counts(weight, n, state->prefix, first));
   if (threadIdx.x == 0) tile_counts[blockIdx.x] = total;
@@ -190,6 +204,7 @@ __global__ void __launch_bounds__(1024) scan_tiles(unsigned long long* tile_coun
   using scan = cub::BlockScan<unsigned long long, 1024>;
   __shared__ typename scan::TempStorage temp;
   __shared__ unsigned long long carry;
+  tile_counts += blockIdx.x * (tiles + 1);  // group blockIdx.x
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
   for (std::int64_t base = 0; base < tiles; base += 1024) {
@@ -213,6 +228,10 @@ __global__ void __launch_bounds__(threads) write_chosen(const float* weight, std
                                                         std::int64_t tiles, std::int32_t* chosen) {
   using scan = cub::BlockScan<unsigned long long, threads>;
   __shared__ typename scan::TempStorage temp;
+  weight += blockIdx.y * n;  // group blockIdx.y
+  state += blockIdx.y;
+  tile_before += blockIdx.y * (tiles + 1);
+  chosen += blockIdx.y * k;
   const unsigned kth = state->prefix;
   const std::int64_t first = blockIdx.x * std::int64_t(tile) + threadIdx.x * per_thread;
   unsigned long long before;
@@ -236,26 +255,29 @@ __global__ void __launch_bounds__(threads) write_chosen(const float* weight, std
 
 }  // namespace
 
-std::size_t top_k_scratch_bytes(int heads, std::int64_t n) {
-  return up(sizeof(float2) * heads * stat_blocks) + up(sizeof(float) * n) + up(sizeof(unsigned) * bins) + up(sizeof(select_state)) +
-         sizeof(unsigned long long) * (tiles_of(n) + 1);
+std::size_t top_k_scratch_bytes(int heads, std::int64_t n, int groups) {
+  return up(sizeof(float2) * heads * stat_blocks * groups) + up(sizeof(float) * n * groups) +
+         up(sizeof(unsigned) * bins * groups) + up(sizeof(select_state) * groups) +
+         sizeof(unsigned long long) * (tiles_of(n) + 1) * groups;
 }
 
 void launch_group_top_k(const float* z, int heads, std::int64_t n, std::int64_t k, void* scratch,
-                        std::int32_t* chosen) {
-  const scratch_layout s = layout(scratch, heads, n);
+                        std::int32_t* chosen, int groups) {
+  const scratch_layout s = layout(scratch, heads, n, groups);
   const std::int64_t tiles = tiles_of(n);
-  const int spread = static_cast<int>(std::min<std::int64_t>((n + 2047) / 2048, 1024));  // grid-stride blocks
-  head_partials<<<dim3(stat_blocks, heads), threads, 0, current_stream>>>(z, n, k, s.partials, s.histogram, s.state);
-  group_weights<<<spread, threads, sizeof(float2) * heads, current_stream>>>(z, heads, n, s.partials, s.weight);
+  const auto g = static_cast<unsigned>(groups);
+  const unsigned spread = static_cast<unsigned>(std::min<std::int64_t>((n + 2047) / 2048, 1024));  // grid-stride blocks
+  head_partials<<<dim3(stat_blocks, heads * g), threads, 0, current_stream>>>(z, heads, n, k, s.partials, s.histogram,
+                                                                              s.state);
+  group_weights<<<dim3(spread, g), threads, sizeof(float2) * heads, current_stream>>>(z, heads, n, s.partials, s.weight);
   for (int level = 0; level < 3; ++level) {
-    digit_histogram<<<spread, threads, 0, current_stream>>>(s.weight, n, level, s.state, s.histogram);
-    choose_digit<<<1, 1024, 0, current_stream>>>(level, s.histogram, s.state);
+    digit_histogram<<<dim3(spread, g), threads, 0, current_stream>>>(s.weight, n, level, s.state, s.histogram);
+    choose_digit<<<g, 1024, 0, current_stream>>>(level, s.histogram, s.state);
   }
-  count_tiles<<<static_cast<unsigned>(tiles), threads, 0, current_stream>>>(s.weight, n, s.state, s.tile_counts);
-  scan_tiles<<<1, 1024, 0, current_stream>>>(s.tile_counts, tiles);
-  write_chosen<<<static_cast<unsigned>(tiles), threads, 0, current_stream>>>(s.weight, n, k, s.state, s.tile_counts,
-                                                                            tiles, chosen);
+  count_tiles<<<dim3(static_cast<unsigned>(tiles), g), threads, 0, current_stream>>>(s.weight, n, s.state, s.tile_counts);
+  scan_tiles<<<g, 1024, 0, current_stream>>>(s.tile_counts, tiles);
+  write_chosen<<<dim3(static_cast<unsigned>(tiles), g), threads, 0, current_stream>>>(s.weight, n, k, s.state,
+                                                                                     s.tile_counts, tiles, chosen);
   check(cudaGetLastError(), "top-k kernel launch");
 }
 

@@ -214,6 +214,22 @@ void indexed_case(std::uint64_t salt) {
     REQUIRE(std::vector<std::int32_t>(from_device.begin(), from_device.begin() + k) == on_host);
     tokens.push_back({lists.back()->data(), k});
   }
+  // All KV heads of a sequence in one call give what one call per head gave.
+  for (index_t s = 0; s < b.views.size(); ++s) {
+    const index_t k = b.host[s * shape.kv_heads]->n / 7;
+    std::vector<floe::query_group> qs;
+    for (index_t h = 0; h < shape.kv_heads; ++h)
+      qs.push_back({b.queries[s].data() + h * gq * b.q_stride, gq, d, b.q_stride, scale});
+    const index_array together(std::vector<std::int32_t>(shape.kv_heads * k, -1), on_device), alone(zeros, on_device);
+    ex.group_top_k(std::span<const floe::kv_view<T>>(b.views[s]), std::span<const floe::query_group>(qs), k,
+                   together.data());
+    const auto all = together.to_host();
+    for (index_t h = 0; h < shape.kv_heads; ++h) {
+      ex.group_top_k(b.views[s][h], qs[h], k, alone.data());
+      const auto one = alone.to_host();
+      REQUIRE(std::equal(one.begin(), one.begin() + k, all.begin() + h * k));
+    }
+  }
   const auto seqs = b.sequences();
   ex.decode_indexed<T>(seqs, shape, scale, tokens);
   b.check([&](index_t gi) { return chosen[gi]; }, scale);

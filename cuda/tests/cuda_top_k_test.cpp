@@ -178,6 +178,16 @@ TEST_CASE("cuda group_top_k refuses bad input by name", "[cuda]") {
   qd[70] = std::nanf("");
   REQUIRE(ft::argument_of([&] { ex.group_top_k(dev.view(), q, 10, sel); }) == "query");
   REQUIRE(sel.ranges.empty());
+  // All KV heads at once: views of another n, and a query list of another length.
+  const ft::random_kv<float> shorter(g, 90, 64, 64);
+  const ft::cuda_kv<float> dev_short(shorter, ft::cuda_array<float>::device);
+  const std::vector<floe::kv_view<float>> mixed{dev.view(), dev_short.view()};
+  qd[70] = 0.5f;
+  const std::vector<floe::query_group> two{q, q};
+  ft::cuda_array<std::int32_t> out(std::vector<std::int32_t>(40), ft::cuda_array<std::int32_t>::device);
+  REQUIRE(ft::argument_of([&] { ex.group_top_k(std::span<const floe::kv_view<float>>(mixed), std::span<const floe::query_group>(two), 10, out.data()); }) == "kv_heads");
+  REQUIRE(ft::argument_of([&] { ex.group_top_k(std::span<const floe::kv_view<float>>(mixed), std::span<const floe::query_group>(two).first(1), 10, out.data()); }) == "queries");
+  REQUIRE(ft::argument_of([&] { ex.group_top_k(dev.view(), q, 10, static_cast<std::int32_t*>(nullptr)); }) == "indices");
   const auto q32 = floe::query_group::make(qd.data(), 1, 32);
   REQUIRE(ft::argument_of([&] { ex.group_top_k(dev.view(), q32, 10, sel); }) == "query.d");
 }

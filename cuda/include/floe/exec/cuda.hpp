@@ -97,7 +97,8 @@ class cuda : public batch_decoder<cuda> {
     if (k == kv.n()) return out.add(0, k);
     cuda_detail::select_device(opt_.device, opt_.stream);
     device_block chosen(sizeof(std::int32_t) * k);
-    rank_on_device(kv, q, k, reinterpret_cast<std::int32_t*>(chosen.p));
+    rank_on_device(std::span<const KV>(&kv, 1), std::span<const query_group>(&q, 1), k,
+                   reinterpret_cast<std::int32_t*>(chosen.p));
     std::vector<std::int32_t> indices(k);
     cuda_detail::to_host(indices.data(), chosen.p, sizeof(std::int32_t) * k);
     cuda_detail::synchronize();
@@ -109,16 +110,35 @@ class cuda : public batch_decoder<cuda> {
   // reuse), without a trip through the host.
   template <KvView KV>
   void group_top_k(const KV& kv, const query_group& q, index_t k, std::int32_t* indices) const {
-    check_top_k(kv, q, k);
+    group_top_k(std::span<const KV>(&kv, 1), std::span<const query_group>(&q, 1), k, indices);
+  }
+
+  // Every KV head of a layer at once: kv_heads[h] (one sequence's views, of equal n and
+  // d) ranked for queries[h] (host), the top k of each into indices + h * k (device). One
+  // score launch and one chain of selection kernels serve all heads.
+  template <KvView KV>
+  void group_top_k(std::span<const KV> kv_heads, std::span<const query_group> queries, index_t k,
+                   std::int32_t* indices) const {
+    require(!kv_heads.empty(), "kv_heads", "no KV heads");
+    require(queries.size() == kv_heads.size(), "queries", queries.size(), " query groups for ", kv_heads.size(),
+            " KV heads");
+    for (index_t h = 0; h < kv_heads.size(); ++h) {
+      check_top_k(kv_heads[h], queries[h], k);
+      require(kv_heads[h].n() == kv_heads[0].n() && kv_heads[h].d() == kv_heads[0].d(), "kv_heads", "KV head ", h,
+              " has n = ", kv_heads[h].n(), ", d = ", kv_heads[h].d(), "; KV head 0 n = ", kv_heads[0].n(), ", d = ",
+              kv_heads[0].d());
+      require(queries[h].heads == queries[0].heads, "queries", "group ", h, " has ", queries[h].heads,
+              " heads, group 0 ", queries[0].heads);
+    }
     if (k == 0) return;
     require(indices != nullptr, "indices", "null pointer");
     cuda_detail::select_device(opt_.device, opt_.stream);
-    if (k == kv.n()) {
-      std::vector<std::int32_t> all(k);
-      for (index_t i = 0; i < k; ++i) all[i] = static_cast<std::int32_t>(i);
-      cuda_detail::to_device(indices, all.data(), sizeof(std::int32_t) * k);
+    if (k == kv_heads[0].n()) {
+      std::vector<std::int32_t> all(k * kv_heads.size());
+      for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int32_t>(i % k);
+      cuda_detail::to_device(indices, all.data(), sizeof(std::int32_t) * all.size());
     } else {
-      rank_on_device(kv, q, k, indices);
+      rank_on_device(kv_heads, queries, k, indices);
     }
     cuda_detail::synchronize();
   }
@@ -380,28 +400,31 @@ class cuda : public batch_decoder<cuda> {
     require(k <= kv.n(), "k", "top ", k, " of a cache of n = ", kv.n(), " tokens");
   }
 
-  // Queues the scores of every head and the selection of the k (0 < k < n) heaviest
-  // tokens into `chosen` (device) on the call's stream.
+  // Queues the scores of every head of every group and the selection of each group's k
+  // (0 < k < n) heaviest tokens into chosen + group * k (device) on the call's stream.
   template <KvView KV>
-  void rank_on_device(const KV& kv, const query_group& q, index_t k, std::int32_t* chosen) const {
-    const index_t n = kv.n();
-    const int pass = cuda_detail::heads_per_pass(row_of(kv));
-    // Scores [heads, n] and the selection's scratch, then the plan.
-    const std::size_t z_bytes = plan::up(sizeof(float) * q.heads * n);
-    device_block work(z_bytes + cuda_detail::top_k_scratch_bytes(static_cast<int>(q.heads), std::int64_t(n)));
+  void rank_on_device(std::span<const KV> kv_heads, std::span<const query_group> queries, index_t k,
+                      std::int32_t* chosen) const {
+    const index_t n = kv_heads[0].n(), heads = queries[0].heads, groups = kv_heads.size();
+    const int pass = cuda_detail::heads_per_pass(row_of(kv_heads[0]));
+    // Scores [groups, heads, n] and the selection's scratch, then the plan.
+    const std::size_t z_bytes = plan::up(sizeof(float) * groups * heads * n);
+    device_block work(z_bytes + cuda_detail::top_k_scratch_bytes(static_cast<int>(heads), std::int64_t(n),
+                                                                  static_cast<int>(groups)));
     float* z = reinterpret_cast<float*>(work.p);
-    plan p(chunk_tokens_for(n * ((q.heads + pass - 1) / pass)));
+    plan p(chunk_tokens_for(groups * n * ((heads + pass - 1) / pass)));
     const token_range all{0, n};
-    for (index_t h0 = 0; h0 < q.heads; h0 += index_t(pass)) {
-      const auto [desc, at] = host_query(p, q, h0, std::min<index_t>(pass, q.heads - h0));
-      p.add_group(kv, std::span<const token_range>(&all, 1), desc, z + h0 * n, n, at);
-    }
+    for (index_t gi = 0; gi < groups; ++gi)
+      for (index_t h0 = 0; h0 < heads; h0 += index_t(pass)) {
+        const auto [desc, at] = host_query(p, queries[gi], h0, std::min<index_t>(pass, heads - h0));
+        p.add_group(kv_heads[gi], std::span<const token_range>(&all, 1), desc, z + (gi * heads + h0) * n, n, at);
+      }
     device_block mem(p.device_bytes(0));
     p.upload(mem);
-    cuda_detail::launch_score(element_of<KV>(), row_of(kv), pass_template(p.max_heads), p.runs_on(mem),
+    cuda_detail::launch_score(element_of<KV>(), row_of(kv_heads[0]), pass_template(p.max_heads), p.runs_on(mem),
                               p.chunks_on(mem), static_cast<int>(p.chunks.size()), p.groups_on(mem), nullptr);
-    cuda_detail::launch_group_top_k(z, static_cast<int>(q.heads), std::int64_t(n), std::int64_t(k), work.p + z_bytes,
-                                    chosen);
+    cuda_detail::launch_group_top_k(z, static_cast<int>(heads), std::int64_t(n), std::int64_t(k), work.p + z_bytes,
+                                    chosen, static_cast<int>(groups));
   }
 
   // Heads [h0, h0 + count) of a host query group, staged for upload: their group desc

@@ -89,13 +89,13 @@ int multiprocessors(int device);
 void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
                   const group_desc* groups, float* z);
 
-// The k heaviest (0 < k < n) of w_i = sum_h exp(z[h * n + i] - m_h) / l_h, each head's
-// softmax over its n scores z (device, [heads, n]): their indices, ascending, into
-// `chosen` (device, k entries); ties at the k-th weight go to the lower index. `scratch`
-// (device) holds top_k_scratch_bytes(heads, n) bytes.
-std::size_t top_k_scratch_bytes(int heads, std::int64_t n);
+// For each of `groups` groups g, the k heaviest (0 < k < n) of w_i = sum_h exp(z_hi -
+// m_h) / l_h, each head's softmax over its n scores (z: device, [groups, heads, n]):
+// their indices, ascending, into chosen + g * k (device); ties at the k-th weight go to
+// the lower index. `scratch` (device) holds top_k_scratch_bytes(heads, n, groups) bytes.
+std::size_t top_k_scratch_bytes(int heads, std::int64_t n, int groups = 1);
 void launch_group_top_k(const float* z, int heads, std::int64_t n, std::int64_t k, void* scratch,
-                        std::int32_t* chosen);
+                        std::int32_t* chosen, int groups = 1);
 
 // A device token list to check: `count` indices that must ascend strictly and lie in [0, n).
 struct token_list {
