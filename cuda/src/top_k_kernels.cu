@@ -32,6 +32,7 @@ struct select_state {
   long long rank;
 };
 
+// Per group: each array below holds one part per group, one after the other.
 struct scratch_layout {
   float2* partials;      // [heads, stat_blocks]: max score, sum of exponentials
   float* weight;         // [n]
@@ -40,10 +41,16 @@ struct scratch_layout {
   unsigned long long* tile_counts;  // per tile: above + (ties << 32), then their exclusive scan; [tiles + 1]
 };
 
+// Folds the softmax partial (m2, l2) (a max and a sum of exp(x - max)) into (m, l).
+__device__ void merge_partial(float& m, float& l, float m2, float l2) {
+  const float top = fmaxf(m, m2);
+  if (top != -INFINITY) l = l * expf(m - top) + l2 * expf(m2 - top);
+  m = top;
+}
+
 std::int64_t tiles_of(std::int64_t n) { return (n + tile - 1) / tile; }
 std::size_t up(std::size_t b) { return (b + 255) / 256 * 256; }
 
-// Each array holds `groups` consecutive per-group parts.
 scratch_layout layout(void* scratch, int heads, std::int64_t n, int groups) {
   char* p = static_cast<char*>(scratch);
   scratch_layout s;
@@ -66,7 +73,7 @@ __global__ void __launch_bounds__(threads) head_partials(const float* z, int hea
   const float* zh = z + blockIdx.y * n;
   float m = -INFINITY, l = 0.f;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
-    const float x = zh[i];
+    const float x = zh[i];  // one exponential per score, not merge_partial's two
     if (x > m) {
       l = l * expf(m - x) + 1.f;
       m = x;
@@ -79,13 +86,7 @@ __global__ void __launch_bounds__(threads) head_partials(const float* z, int hea
   sl[threadIdx.x] = l;
   __syncthreads();
   for (int half = threads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) {
-      const float m1 = sm[threadIdx.x], m2 = sm[threadIdx.x + half];
-      const float top = fmaxf(m1, m2);
-      if (top != -INFINITY)
-        sl[threadIdx.x] = sl[threadIdx.x] * expf(m1 - top) + sl[threadIdx.x + half] * expf(m2 - top);
-      sm[threadIdx.x] = top;
-    }
+    if (threadIdx.x < half) merge_partial(sm[threadIdx.x], sl[threadIdx.x], sm[threadIdx.x + half], sl[threadIdx.x + half]);
     __syncthreads();
   }
   if (threadIdx.x == 0) partials[blockIdx.y * stat_blocks + blockIdx.x] = make_float2(sm[0], sl[0]);
@@ -106,12 +107,7 @@ __global__ void __launch_bounds__(threads) group_weights(const float* z, int hea
   weight += blockIdx.y * n;
   for (int h = threadIdx.x; h < heads; h += blockDim.x) {
     float m = -INFINITY, l = 0.f;
-    for (int p = 0; p < stat_blocks; ++p) {
-      const float2 x = partials[h * stat_blocks + p];
-      const float top = fmaxf(m, x.x);
-      if (top != -INFINITY) l = l * expf(m - top) + x.y * expf(x.x - top);
-      m = top;
-    }
+    for (int p = 0; p < stat_blocks; ++p) merge_partial(m, l, partials[h * stat_blocks + p].x, partials[h * stat_blocks + p].y);
     stats[h] = make_float2(m, 1.f / l);
   }
   __syncthreads();

@@ -307,7 +307,7 @@ class cuda : public batch_decoder<cuda> {
             paged_runs.emplace_back(runs.size(), table);
             return cuda_detail::run{k, v, nullptr, take, static_cast<std::int32_t>(r.begin + offset), block_size};
           });
-      } else if (const std::span<const token_range> ranges(sel); scattered(kv, ranges)) {
+      } else if (const std::span<const token_range> ranges(sel); const index_t count = listed_tokens(kv, ranges)) {
         // Short ranges of a strided cache (a top-k selection: thousands of single tokens):
         // their token list goes up once and the kernels read it as a block table of
         // 1-token blocks, instead of a run planned and uploaded per range.
@@ -315,8 +315,6 @@ class cuda : public batch_decoder<cuda> {
         const T* v = kv.value_row(0);
         aligned = aligned && reinterpret_cast<std::uintptr_t>(k) % 16 == 0 && reinterpret_cast<std::uintptr_t>(v) % 16 == 0;
         const std::size_t list = tables.size();
-        index_t count = 0;
-        for (const token_range& r : ranges) count += r.size();
         tables.resize(list + std::size_t(count));
         std::int32_t* at = tables.data() + list;
         for (const token_range& r : ranges)
@@ -342,16 +340,16 @@ class cuda : public batch_decoder<cuda> {
       query_of.push_back(query_offset);
     }
 
-    // Whether `ranges` of kv are read through a token list: a strided cache (rows at
-    // key_row(0) + i * stride) whose ranges average under 16 tokens.
+    // The tokens of `ranges` when they are read through a token list (a strided cache,
+    // rows at key_row(0) + i * stride, whose ranges average under 16 tokens), else 0.
     template <KvView KV>
-    static bool scattered(const KV&, std::span<const token_range> ranges) {
+    static index_t listed_tokens(const KV&, std::span<const token_range> ranges) {
       if constexpr (std::is_same_v<KV, kv_view<typename KV::element_type>>) {
         index_t tokens = 0;
         for (const token_range& r : ranges) tokens += r.size();
-        return !ranges.empty() && tokens < 16 * index_t(ranges.size());
+        return tokens < 16 * index_t(ranges.size()) ? tokens : 0;
       } else {
-        return false;
+        return 0;
       }
     }
 

@@ -23,7 +23,8 @@ enum class element : int { f32 = 0, f16 = 1, bf16 = 2 };
 // `count` rows on the device. Strided (table null): evenly strided rows from `keys` and
 // `values`. Paged: tokens first, first + 1, ... of a sequence whose token t sits in row
 // table[t / block_size] * block_size + t % block_size of the pools `keys` and `values`
-// (the block table is read on the device, so a run may span any number of blocks).
+// (the block table is read on the device, so a run may span any number of blocks). With
+// block_size 1 the table is a token list (scattered selections, decode_indexed).
 struct run {
   const void* keys;
   const void* values;
