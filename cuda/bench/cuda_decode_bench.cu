@@ -1,7 +1,8 @@
 // Decode attention speed of floe::exec::cuda, dense, gathered (64-token ranges covering
 // 5 % of N), paged (16-token blocks), an anchor step (Kascade's anchor layer, oracle_topk:
-// every KV head's group_top_k of 5 % of N into device memory, then one decode_indexed of
-// the chosen tokens) and a reuse step (a later layer: decode_indexed over the anchor's
+// every KV head's group_top_k of 5 % of N into device memory for the batch's device
+// queries, then one decode_indexed of the chosen tokens; anchor_step_host_queries ranks
+// for host queries, one call per sequence) and a reuse step (a later layer: decode_indexed over the anchor's
 // device lists), as bytes read per second and as a fraction of the device's read
 // bandwidth measured in the same run by a streaming-read kernel.
 // Each iteration is one whole call (host planning, upload, kernels, synchronize), on KV
@@ -91,7 +92,7 @@ __global__ void fill_hashed(std::uint16_t* p, std::size_t count, std::uint16_t e
   }
 }
 
-enum class access { dense, gathered, paged16, anchor, reuse };
+enum class access { dense, gathered, paged16, anchor, anchor_host_queries, reuse };
 
 template <class T>
 void decode_case(benchmark::State& state, access how, index_t d, index_t hq, index_t hkv) {
@@ -103,7 +104,7 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
   T* kv;
   check(cudaMalloc(&kv, copies * step_bytes));
   check(cudaMemset(kv, 0x3c, copies * step_bytes));  // finite values (0x3c3c: 1.06 in fp16, 0.0115 in bf16)
-  if (how == access::anchor || how == access::reuse)
+  if (how == access::anchor || how == access::anchor_host_queries || how == access::reuse)
     fill_hashed<<<1024, 256>>>(reinterpret_cast<std::uint16_t*>(kv), copies * step_bytes / 2,
                                sizeof(T) == 2 && std::is_same_v<T, floe::half> ? 0x3800 : 0x3f00);
   float *q, *out;
@@ -140,16 +141,18 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
   const floe::exec::cuda ex({0, chunk ? static_cast<index_t>(std::strtoull(chunk, nullptr, 10)) : 0});
   const float scale = 1.f / std::sqrt(float(d));
   index_t tokens = how == access::gathered ? ranges * 64 : n;
-  // The anchor step's host queries (group_top_k stages them) and its chosen tokens, kept
+  // The anchor step's queries (host ones are staged by group_top_k) and its chosen tokens, kept
   // on the device per copy and head: an anchor step writes them, a reuse step reads them.
   std::vector<float> qh(batch * hq * d);
   for (float& x : qh) x = std::uniform_real_distribution<float>(-1.f, 1.f)(g);
   const index_t k = n / 20, group = hq / hkv;
   std::int32_t* chosen = nullptr;
   std::vector<floe::exec::device_tokens> lists(copies * heads);
-  if (how == access::anchor || how == access::reuse) {
+  const bool ranks = how == access::anchor || how == access::anchor_host_queries || how == access::reuse;
+  if (ranks) {
     check(cudaMalloc(&chosen, copies * heads * k * sizeof(std::int32_t)));
     for (std::size_t i = 0; i < lists.size(); ++i) lists[i] = {chosen + i * k, k};
+    check(cudaMemcpy(q, qh.data(), qh.size() * sizeof(float), cudaMemcpyHostToDevice));  // the same queries on the device
   }
   auto seqs_of = [&](std::size_t copy) {
     std::vector<floe::sequence<floe::kv_view<T>>> seqs;
@@ -157,7 +160,9 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
     return seqs;
   };
   auto anchor_step = [&](std::size_t copy) {
-    for (index_t s = 0; s < batch; ++s) {  // one group_top_k call ranks all KV heads of a sequence
+    if (how != access::anchor_host_queries)  // one group_top_k call ranks every KV head of the batch
+      ex.group_top_k<floe::kv_view<T>>(seqs_of(copy), shape, scale, k, chosen + copy * heads * k);
+    else for (index_t s = 0; s < batch; ++s) {  // one group_top_k call per sequence
       std::vector<floe::query_group> qs;
       for (index_t h = 0; h < hkv; ++h) qs.push_back({qh.data() + (s * hq + h * group) * d, group, d, d, scale});
       ex.group_top_k(std::span<const floe::kv_view<T>>(views[copy * batch + s]), std::span<const floe::query_group>(qs), k,
@@ -169,7 +174,7 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
     for (std::size_t copy = 0; copy < copies; ++copy) anchor_step(copy);
   std::size_t c = 0;
   auto one = [&] {
-    if (how == access::anchor) {
+    if (how == access::anchor || how == access::anchor_host_queries) {
       anchor_step(c);
     } else if (how == access::reuse) {
       ex.decode_indexed<T>(seqs_of(c), shape, scale, std::span(lists).subspan(c * heads, heads));
@@ -189,7 +194,7 @@ void decode_case(benchmark::State& state, access how, index_t d, index_t hq, ind
   for (auto _ : state) one();
   // The anchor step reads every key and the chosen tokens' values (their keys are
   // cached); the reuse step the chosen tokens' keys and values.
-  const double bytes = how == access::anchor  ? double(heads) * (n + k) * d * sizeof(T)
+  const double bytes = how == access::anchor || how == access::anchor_host_queries ? double(heads) * (n + k) * d * sizeof(T)
                        : how == access::reuse ? double(heads) * k * d * 2 * sizeof(T)
                                               : double(heads) * tokens * d * 2 * sizeof(T);
   state.counters["bytes"] = bytes;
@@ -216,7 +221,8 @@ void register_type(const char* type) {
   };
   for (shape s : {shape{128, 32, 8}, shape{64, 9, 3}})
     for (auto [how, label] : {std::pair{access::dense, "dense"}, {access::gathered, "gathered"}, {access::paged16, "paged16"},
-                              {access::anchor, "anchor_step"}, {access::reuse, "reuse_step"}}) {
+                              {access::anchor, "anchor_step"}, {access::anchor_host_queries, "anchor_step_host_queries"},
+                              {access::reuse, "reuse_step"}}) {
       auto* b = benchmark::RegisterBenchmark(join("cuda/", label, "/", type, "/d", s.d, "_hq", s.hq, "_hkv", s.hkv).c_str(),
                                              [=](benchmark::State& st) { decode_case<T>(st, how, s.d, s.hq, s.hkv); });
       b->ArgNames({"N", "batch"})->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -228,11 +234,13 @@ void register_type(const char* type) {
 // A whole decode step of a 30-layer model (d 128, Hq 32, Hkv 8, fp16, batch 1, its own
 // KV per layer): dense in every layer (anchors 0), or Kascade with layer 0 dense, the
 // anchors of SmolLM2's calibrated plans (8: 1 2 3 14 17 20 21 28; 3: 1 3 21) ranking 5 %
-// of N with group_top_k into device memory, and every other layer reusing its latest
-// anchor's lists (same KV head) through decode_indexed.
+// of N with group_top_k into device memory (for the device queries; host_queries:1, for
+// a host copy of them), and every other layer reusing its latest anchor's lists (same KV
+// head) through decode_indexed.
 void model_step_case(benchmark::State& state) {
   using T = floe::half;
   const index_t n = static_cast<index_t>(state.range(0)), anchors = static_cast<index_t>(state.range(1));
+  const bool host_queries = state.range(2) != 0;
   constexpr index_t layers = 30, d = 128, hq = 32, hkv = 8, group = hq / hkv;
   const floe::gqa_shape shape{hq, hkv};
   const std::size_t head_elems = n * d, layer_elems = hkv * head_elems * 2;
@@ -275,8 +283,11 @@ void model_step_case(benchmark::State& state) {
       }
       if (is_anchor[l]) {
         latest = l;
-        ex.group_top_k(std::span<const floe::kv_view<T>>(views[l]), std::span<const floe::query_group>(qs), k,
-                       chosen + l * hkv * k);
+        if (host_queries)
+          ex.group_top_k(std::span<const floe::kv_view<T>>(views[l]), std::span<const floe::query_group>(qs), k,
+                         chosen + l * hkv * k);
+        else
+          ex.group_top_k<floe::kv_view<T>>(seqs, shape, scale, k, chosen + l * hkv * k);
       }
       ex.decode_indexed<T>(seqs, shape, scale, lists[latest]);
     }
@@ -300,7 +311,11 @@ int main(int argc, char** argv) {
   }
   register_type<floe::half>("f16");
   benchmark::RegisterBenchmark("cuda/model_step/f16/d128_hq32_hkv8/layers30", model_step_case)
-      ->ArgNames({"N", "anchors"})->ArgsProduct({{32768, 131072}, {0, 8, 3}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+      ->ArgNames({"N", "anchors", "host_queries"})
+      ->ArgsProduct({{32768, 131072}, {0, 8, 3}, {0}})
+      ->ArgsProduct({{32768, 131072}, {8, 3}, {1}})
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
   register_type<floe::bfloat16>("bf16");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

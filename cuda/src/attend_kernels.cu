@@ -419,10 +419,13 @@ __global__ void __launch_bounds__(block_threads) merge_groups(const group_desc* 
 
 // Scores of every head of each chunk's group: z[h * out_stride + first_token + j] into the
 // group's `out` when it has one (a whole group's scores, one read of each key), else into
-// z (one head; out_stride 0).
+// z (one head; out_stride 0). Blocks past the chunks check one group's device queries
+// each into `check`.
 template <class T, int SLOTS, int HP>
-__global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, const chunk* chunks,
-                                                              const group_desc* groups, float* z) {
+__global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, const chunk* chunks, int chunk_count,
+                                                              unsigned long long* check, const group_desc* groups,
+                                                              float* z) {
+  if (int(blockIdx.x) >= chunk_count) return find_nonfinite(groups, blockIdx.x - chunk_count, check);
   constexpr int V = vec_of<T>, W = SLOTS * V;
   const chunk c = chunks[blockIdx.x];
   const group_desc g = groups[c.group];
@@ -517,25 +520,35 @@ void attend_type(const launch_args& a) {
   else if constexpr (vec_of<T> == 4) attend_slots<T, 4, 16>(a);
 }
 
+struct score_args {
+  int heads_pass;
+  const run* runs;
+  const chunk* chunks;
+  int chunk_count;
+  const group_desc* groups;
+  float* z;
+  unsigned long long* check;
+  int blocks;  // chunk_count, and one per group to check
+};
+
 template <class T, int SLOTS>
-void score_slots(int heads_pass, const run* runs, const chunk* chunks, int chunk_count, const group_desc* groups,
-                 float* z) {
-  if (heads_pass == 1) score_chunks<T, SLOTS, 1><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
-  else if (heads_pass == 4) score_chunks<T, SLOTS, 4><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
-  else if constexpr (SLOTS * vec_of<T> <= 8)
-    score_chunks<T, SLOTS, 8><<<chunk_count, block_threads, 0, current_stream>>>(runs, chunks, groups, z);
-  else
-    throw cuda_error("no score kernel for 8 heads a pass at rows over 128");
+void score_slots(const score_args& a) {
+  auto launch = [&](auto kernel) {
+    kernel<<<a.blocks, block_threads, 0, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check, a.groups, a.z);
+  };
+  if (a.heads_pass == 1) launch(score_chunks<T, SLOTS, 1>);
+  else if (a.heads_pass == 4) launch(score_chunks<T, SLOTS, 4>);
+  else if constexpr (SLOTS * vec_of<T> <= 8) launch(score_chunks<T, SLOTS, 8>);
+  else throw cuda_error("no score kernel for 8 heads a pass at rows over 128");
 }
 
 template <class T>
-void score_type(int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
-                const group_desc* groups, float* z) {
-  if (chunk_count == 0) return;
+void score_type(int row, const score_args& a) {
+  if (a.blocks == 0) return;
   const int slots = slots_for<T>(row);
-  if (slots == 1) score_slots<T, 1>(heads_pass, runs, chunks, chunk_count, groups, z);
-  else if (slots == 2) score_slots<T, 2>(heads_pass, runs, chunks, chunk_count, groups, z);
-  else if constexpr (vec_of<T> == 4) score_slots<T, 4>(heads_pass, runs, chunks, chunk_count, groups, z);
+  if (slots == 1) score_slots<T, 1>(a);
+  else if (slots == 2) score_slots<T, 2>(a);
+  else if constexpr (vec_of<T> == 4) score_slots<T, 4>(a);
   check(cudaGetLastError(), "score kernel launch");
 }
 
@@ -621,11 +634,12 @@ int multiprocessors(int device) {
 }
 
 void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
-                  const group_desc* groups, float* z) {
+                  const group_desc* groups, float* z, unsigned long long* check, int group_count) {
+  const score_args a{heads_pass, runs, chunks, chunk_count, groups, z, check, chunk_count + (check ? group_count : 0)};
   switch (type) {
-    case element::f32: return score_type<float>(row, heads_pass, runs, chunks, chunk_count, groups, z);
-    case element::f16: return score_type<__half>(row, heads_pass, runs, chunks, chunk_count, groups, z);
-    case element::bf16: return score_type<__nv_bfloat16>(row, heads_pass, runs, chunks, chunk_count, groups, z);
+    case element::f32: return score_type<float>(row, a);
+    case element::f16: return score_type<__half>(row, a);
+    case element::bf16: return score_type<__nv_bfloat16>(row, a);
   }
 }
 

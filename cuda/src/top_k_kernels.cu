@@ -221,9 +221,11 @@ __global__ void __launch_bounds__(1024) scan_tiles(unsigned long long* tile_coun
 __global__ void __launch_bounds__(threads) write_chosen(const float* weight, std::int64_t n, std::int64_t k,
                                                         const select_state* state,
                                                         const unsigned long long* tile_before,
-                                                        std::int64_t tiles, std::int32_t* chosen) {
+                                                        std::int64_t tiles, std::int32_t* chosen,
+                                                        const unsigned long long* proceed) {
   using scan = cub::BlockScan<unsigned long long, threads>;
   __shared__ typename scan::TempStorage temp;
+  if (proceed != nullptr && *proceed != ~0ull) return;  // a query failed its check: write nothing
   weight += blockIdx.y * n;  // group blockIdx.y
   state += blockIdx.y;
   tile_before += blockIdx.y * (tiles + 1);
@@ -258,7 +260,7 @@ std::size_t top_k_scratch_bytes(int heads, std::int64_t n, int groups) {
 }
 
 void launch_group_top_k(const float* z, int heads, std::int64_t n, std::int64_t k, void* scratch,
-                        std::int32_t* chosen, int groups) {
+                        std::int32_t* chosen, int groups, const unsigned long long* proceed) {
   const scratch_layout s = layout(scratch, heads, n, groups);
   const std::int64_t tiles = tiles_of(n);
   const auto g = static_cast<unsigned>(groups);
@@ -273,7 +275,7 @@ void launch_group_top_k(const float* z, int heads, std::int64_t n, std::int64_t 
   count_tiles<<<dim3(static_cast<unsigned>(tiles), g), threads, 0, current_stream>>>(s.weight, n, s.state, s.tile_counts);
   scan_tiles<<<g, 1024, 0, current_stream>>>(s.tile_counts, tiles);
   write_chosen<<<dim3(static_cast<unsigned>(tiles), g), threads, 0, current_stream>>>(s.weight, n, k, s.state,
-                                                                                     s.tile_counts, tiles, chosen);
+                                                                                     s.tile_counts, tiles, chosen, proceed);
   check(cudaGetLastError(), "top-k kernel launch");
 }
 

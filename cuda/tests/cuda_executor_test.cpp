@@ -233,6 +233,29 @@ void indexed_case(std::uint64_t salt) {
   const auto seqs = b.sequences();
   ex.decode_indexed<T>(seqs, shape, scale, tokens);
   b.check([&](index_t gi) { return chosen[gi]; }, scale);
+
+  // Device queries, the whole batch in one call, give what host queries give per sequence:
+  // sequences of different n, of equal n (ranked together), and one with k = n.
+  auto same_as_host_queries = [&](const device_batch<T>& batch, index_t k) {
+    const index_t lists_total = batch.host.size();
+    const index_array together(std::vector<std::int32_t>(lists_total * k, -1), on_device);
+    ex.group_top_k<floe::kv_view<T>>(batch.sequences(), shape, scale, k, together.data());
+    const auto all = together.to_host();
+    for (index_t s = 0; s < batch.views.size(); ++s) {
+      std::vector<floe::query_group> qs;
+      for (index_t h = 0; h < shape.kv_heads; ++h)
+        qs.push_back({batch.queries[s].data() + h * gq * batch.q_stride, gq, d, batch.q_stride, scale});
+      const index_array one(std::vector<std::int32_t>(shape.kv_heads * k, -2), on_device);
+      ex.group_top_k(std::span<const floe::kv_view<T>>(batch.views[s]), std::span<const floe::query_group>(qs), k,
+                     one.data());
+      const auto want = one.to_host();
+      INFO("sequence " << s << " k " << k);
+      REQUIRE(std::equal(want.begin(), want.end(), all.begin() + s * shape.kv_heads * k));
+    }
+  };
+  same_as_host_queries(b, 200);  // n = 3000, 1501, 200
+  device_batch<T> equal(g, {700, 700, 333, 700}, shape, d);
+  same_as_host_queries(equal, 100);
 }
 
 TEST_CASE("cuda decode_indexed over group_top_k's device indices equals the scalar reference", "[cuda]") {
@@ -277,6 +300,67 @@ TEST_CASE("cuda decode_indexed refuses a bad token list before reading through i
   REQUIRE(ft::argument_of([&] { ex.decode_indexed<floe::half>(seqs, shape, 0.125f, three); }) == "tokens");
   // A good call still works after the refusals.
   REQUIRE(call({dgood.data(), 3}) == "(nothing thrown)");
+}
+
+TEST_CASE("cuda group_top_k over device queries refuses bad input before writing", "[cuda]") {
+  INFO("seed " << ft::seed());
+  auto g = ft::rng(17);
+  const floe::exec::cuda ex;
+  const floe::gqa_shape shape{12, 3};
+  device_batch<floe::half> b(g, {100, 50}, shape, 64);
+  const auto seqs = b.sequences();
+  const index_array out(std::vector<std::int32_t>(6 * 40, -1), on_device);
+  auto untouched = [&] {
+    for (const std::int32_t i : out.to_host()) REQUIRE(i == -1);
+  };
+  auto call = [&](const auto& batch, floe::gqa_shape sh, float scale, index_t k, std::int32_t* indices) {
+    return ft::argument_of([&] { ex.group_top_k<floe::kv_view<floe::half>>(batch, sh, scale, k, indices); });
+  };
+  // NaN in sequence 1, query head 5 (KV head 1's second), element 7: found on the device.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ft::cuda_check(cudaMemcpy(b.dq[1]->data() + 5 * b.q_stride + 7, &nan, sizeof nan, cudaMemcpyHostToDevice), "poison");
+  try {
+    ex.group_top_k<floe::kv_view<floe::half>>(seqs, shape, 0.125f, 40, out.data());
+    FAIL("nothing thrown");
+  } catch (const floe::invalid_argument& e) {
+    REQUIRE(e.argument() == "sequence.queries");
+    REQUIRE(std::string(e.what()).find("sequence 1, query head 5, element 7") != std::string::npos);
+  }
+  untouched();
+  {  // 12 heads a group, 8 a pass: the second slice's head is named right
+    device_batch<floe::half> wide(g, {60}, floe::gqa_shape{24, 2}, 64);
+    const float inf = std::numeric_limits<float>::infinity();
+    ft::cuda_check(cudaMemcpy(wide.dq[0]->data() + 22 * wide.q_stride + 3, &inf, sizeof inf, cudaMemcpyHostToDevice),
+                   "poison");
+    try {
+      ex.group_top_k<floe::kv_view<floe::half>>(wide.sequences(), wide.shape, 0.125f, 40, out.data());
+      FAIL("nothing thrown");
+    } catch (const floe::invalid_argument& e) {
+      REQUIRE(e.argument() == "sequence.queries");
+      REQUIRE(std::string(e.what()).find("sequence 0, query head 22, element 3") != std::string::npos);
+    }
+    untouched();
+  }
+  const float one = 1.f;
+  ft::cuda_check(cudaMemcpy(b.dq[1]->data() + 5 * b.q_stride + 7, &one, sizeof one, cudaMemcpyHostToDevice), "heal");
+  REQUIRE(call(seqs, shape, 0.125f, 51, out.data()) == "k");  // sequence 1 has n = 50
+  REQUIRE(call(seqs, shape, 0.125f, 40, nullptr) == "indices");
+  REQUIRE(call(seqs, shape, 0.f, 40, out.data()) == "scale");
+  REQUIRE(call(seqs, floe::gqa_shape{8, 2}, 0.125f, 40, out.data()) == "sequence.kv_heads");
+  auto changed = seqs;
+  changed[0].query_stride = 63;
+  REQUIRE(call(changed, shape, 0.125f, 40, out.data()) == "sequence.query_stride");
+  changed = seqs;
+  changed[1].queries = nullptr;
+  REQUIRE(call(changed, shape, 0.125f, 40, out.data()) == "sequence.queries");
+  std::vector<floe::kv_view<floe::half>> mixed = b.views[0];
+  mixed[2] = b.views[1][2];  // n = 50 among n = 100
+  changed = seqs;
+  changed[0].kv_heads = mixed;
+  REQUIRE(call(changed, shape, 0.125f, 40, out.data()) == "sequence.kv_heads");
+  untouched();
+  REQUIRE(call(seqs, shape, 0.125f, 40, out.data()) == "(nothing thrown)");
+  for (const std::int32_t i : out.to_host()) REQUIRE((i >= 0 && i < 100));
 }
 
 TEST_CASE("cuda batch decode on device memory equals the scalar reference (float)", "[cuda]") { batch_case<float>(11); }

@@ -143,6 +143,77 @@ class cuda : public batch_decoder<cuda> {
     cuda_detail::synchronize();
   }
 
+  // The engine's case, queries on the device: for every sequence s of the batch, KV head
+  // h ranked for query heads [h g, (h + 1) g) of seq.queries (device, as for decode), its
+  // top k into indices + (s Hkv + h) k, the order decode_indexed takes its lists in. k is
+  // at most every sequence's n; a sequence's KV heads share n and d. One score launch and
+  // one chain of selection kernels per run of sequences of equal n serve the batch, with
+  // 4 Hq n bytes of device scratch per sequence for the scores. A NaN or Inf query is
+  // found on the device, in the score launch, and refused ("sequence.queries") before any
+  // index is written.
+  template <KvView KV>
+  void group_top_k(std::span<const sequence<KV>> batch, gqa_shape shape, float scale, index_t k,
+                   std::int32_t* indices) const {
+    shape.validate();
+    require(std::isfinite(scale) && scale > 0.f, "scale", "must be finite and positive, got ", scale);
+    const index_t g = shape.group();
+    std::vector<cuda_detail::group_desc> checks;  // per (sequence, KV head): its device queries
+    for (index_t s = 0; s < batch.size(); ++s) {
+      const sequence<KV>& seq = batch[s];
+      require(seq.kv_heads.size() == shape.kv_heads, "sequence.kv_heads", seq.kv_heads.size(),
+              " KV heads, expected ", shape.kv_heads);
+      require(seq.queries != nullptr, "sequence.queries", "null pointer");
+      for (index_t h = 0; h < shape.kv_heads; ++h) {
+        const KV& kv = seq.kv_heads[h];
+        require_shape(kv);
+        require(kv.n() == seq.kv_heads[0].n() && kv.d() == seq.kv_heads[0].d(), "sequence.kv_heads", "sequence ", s,
+                ", KV head ", h, " has n = ", kv.n(), ", d = ", kv.d(), "; KV head 0 n = ", seq.kv_heads[0].n(),
+                ", d = ", seq.kv_heads[0].d());
+        require(k <= kv.n(), "k", "top ", k, " of sequence ", s, "'s cache of n = ", kv.n(), " tokens");
+        const index_t qs = seq.query_stride ? seq.query_stride : kv.d();
+        require(qs >= kv.d(), "sequence.query_stride", "stride ", qs, " is smaller than d = ", kv.d());
+        cuda_detail::group_desc q{};
+        q.q = seq.queries + h * g * qs;
+        q.q_stride = static_cast<std::int64_t>(qs);
+        q.heads = static_cast<std::int32_t>(g);
+        q.d = static_cast<std::int32_t>(kv.d());
+        q.scale = scale;
+        checks.push_back(q);
+      }
+    }
+    if (k == 0 || batch.empty()) return;
+    require(indices != nullptr, "indices", "null pointer");
+    cuda_detail::select_device(opt_.device, opt_.stream);
+    std::vector<KV> heads;
+    for (const sequence<KV>& seq : batch) heads.insert(heads.end(), seq.kv_heads.begin(), seq.kv_heads.end());
+    const std::span<const KV> all(heads);
+    const unsigned long long* flag = rank_on_device(
+        all, g,
+        [&](plan&, index_t gi, index_t h0, index_t count) {
+          cuda_detail::group_desc desc = checks[gi];
+          desc.q += h0 * desc.q_stride;
+          desc.heads = static_cast<std::int32_t>(count);
+          return std::pair{desc, plan::npos};
+        },
+        k, indices, true);
+    cuda_detail::synchronize();
+    const cuda_detail::nonfinite_query bad = cuda_detail::decode_nonfinite(*flag);
+    if (bad.group >= 0) {  // plan group: head slice `bad.group % slices` of group gi
+      const index_t pass = pass_of(all), slices = (g + pass - 1) / pass, gi = index_t(bad.group) / slices;
+      const index_t head = gi % shape.kv_heads * g + index_t(bad.group) % slices * pass + index_t(bad.head);
+      require(false, "sequence.queries", "sequence ", gi / shape.kv_heads, ", query head ", head, ", element ",
+              bad.element, " is NaN or Inf");
+    }
+    // Caches of exactly k tokens: every token, written once the queries passed.
+    std::vector<std::int32_t> every;
+    for (index_t gi = 0; gi < heads.size(); ++gi)
+      if (heads[gi].n() == k) {
+        for (index_t i = every.size(); i < k; ++i) every.push_back(static_cast<std::int32_t>(i));
+        cuda_detail::to_device(indices + gi * k, every.data(), sizeof(std::int32_t) * k);
+      }
+    if (!every.empty()) cuda_detail::synchronize();
+  }
+
   // Gathered decode over device token lists: group s * Hkv + h (KV head h of sequence s)
   // attends to lists[s * Hkv + h], `count` strictly ascending indices below its view's n
   // in device memory (group_top_k's device output, say). Contiguous caches (kv_view)
@@ -398,31 +469,79 @@ class cuda : public batch_decoder<cuda> {
     require(k <= kv.n(), "k", "top ", k, " of a cache of n = ", kv.n(), " tokens");
   }
 
-  // Queues the scores of every head of every group and the selection of each group's k
-  // (0 < k < n) heaviest tokens into chosen + group * k (device) on the call's stream.
+  // Queues on the call's stream, for every group gi of kv_heads (`heads` queries each,
+  // from query_of), the scores of its heads and the selection of its k heaviest tokens
+  // into chosen + gi * k (device); consecutive groups of equal n share one chain of
+  // selection kernels, and groups with k = n get none (their queries are only checked).
+  // query_of(plan, gi, h0, count): the desc of heads [h0, h0 + count) of group gi and
+  // their offset in the plan's staged queries (npos: on the device). check_queries: the
+  // score launch checks every group's device queries and nothing is selected unless all
+  // pass; the check's flag (plan groups: slices_of(kv_heads, heads) per group) is then
+  // read back into the returned host slot, valid after a synchronize.
+  template <KvView KV, class QueryOf>
+  const unsigned long long* rank_on_device(std::span<const KV> kv_heads, index_t heads, QueryOf&& query_of,
+                                           index_t k, std::int32_t* chosen, bool check_queries = false) const {
+    const index_t groups = kv_heads.size(), pass = pass_of(kv_heads);
+    std::vector<std::size_t> z_at(groups + 1, 0);         // group gi's scores [heads, n] at z + z_at[gi]
+    std::vector<std::pair<index_t, index_t>> chains;      // [first, end) groups of equal n, each k < n
+    index_t ranked_tokens = 0;
+    for (index_t gi = 0; gi < groups; ++gi) {
+      const index_t n = kv_heads[gi].n();
+      const bool ranked = k < n;
+      z_at[gi + 1] = z_at[gi] + (ranked ? std::size_t(heads * n) : 0);
+      if (!ranked) continue;
+      ranked_tokens += n;
+      if (!chains.empty() && chains.back().second == gi && kv_heads[chains.back().first].n() == n)
+        chains.back().second = gi + 1;
+      else
+        chains.emplace_back(gi, gi + 1);
+    }
+    std::size_t scratch = 0;
+    for (const auto& [a, b] : chains)
+      scratch = std::max(scratch, cuda_detail::top_k_scratch_bytes(static_cast<int>(heads), std::int64_t(kv_heads[a].n()),
+                                                                   static_cast<int>(b - a)));
+    const std::size_t z_bytes = plan::up(sizeof(float) * z_at[groups]);
+    device_block work(z_bytes + scratch);
+    float* z = reinterpret_cast<float*>(work.p);
+    plan p(chunk_tokens_for(ranked_tokens * ((heads + pass - 1) / pass)));
+    for (index_t gi = 0; gi < groups; ++gi) {
+      const token_range all{0, kv_heads[gi].n()};
+      const bool ranked = k < all.end;
+      for (index_t h0 = 0; h0 < heads; h0 += pass) {
+        const auto [desc, at] = query_of(p, gi, h0, std::min(pass, heads - h0));
+        p.add_group(kv_heads[gi], std::span<const token_range>(&all, ranked ? 1 : 0), desc,
+                    ranked ? z + z_at[gi] + h0 * all.end : nullptr, all.end, at);
+      }
+    }
+    device_block mem(p.device_bytes(0));
+    p.upload(mem);
+    unsigned long long* flag = check_queries ? p.flag_on(mem) : nullptr;
+    int row = 1;
+    for (const KV& kv : kv_heads) row = std::max(row, row_of(kv));
+    cuda_detail::launch_score(element_of<KV>(), row, pass_template(p.max_heads), p.runs_on(mem), p.chunks_on(mem),
+                              static_cast<int>(p.chunks.size()), p.groups_on(mem), nullptr, flag,
+                              static_cast<int>(p.groups.size()));
+    for (const auto& [a, b] : chains)
+      cuda_detail::launch_group_top_k(z + z_at[a], static_cast<int>(heads), std::int64_t(kv_heads[a].n()),
+                                      std::int64_t(k), work.p + z_bytes, chosen + a * k, static_cast<int>(b - a), flag);
+    if (!check_queries) return nullptr;
+    cuda_detail::to_host(p.readback, flag, sizeof *p.readback);
+    return p.readback;
+  }
+  // Query heads per slice of a group in rank_on_device's plan.
+  template <KvView KV>
+  static index_t pass_of(std::span<const KV> kv_heads) {
+    int row = 1;
+    for (const KV& kv : kv_heads) row = std::max(row, row_of(kv));
+    return index_t(cuda_detail::heads_per_pass(row));
+  }
+  // rank_on_device for host query groups, staged with the plan.
   template <KvView KV>
   void rank_on_device(std::span<const KV> kv_heads, std::span<const query_group> queries, index_t k,
                       std::int32_t* chosen) const {
-    const index_t n = kv_heads[0].n(), heads = queries[0].heads, groups = kv_heads.size();
-    const int pass = cuda_detail::heads_per_pass(row_of(kv_heads[0]));
-    // Scores [groups, heads, n] and the selection's scratch, then the plan.
-    const std::size_t z_bytes = plan::up(sizeof(float) * groups * heads * n);
-    device_block work(z_bytes + cuda_detail::top_k_scratch_bytes(static_cast<int>(heads), std::int64_t(n),
-                                                                  static_cast<int>(groups)));
-    float* z = reinterpret_cast<float*>(work.p);
-    plan p(chunk_tokens_for(groups * n * ((heads + pass - 1) / pass)));
-    const token_range all{0, n};
-    for (index_t gi = 0; gi < groups; ++gi)
-      for (index_t h0 = 0; h0 < heads; h0 += index_t(pass)) {
-        const auto [desc, at] = host_query(p, queries[gi], h0, std::min<index_t>(pass, heads - h0));
-        p.add_group(kv_heads[gi], std::span<const token_range>(&all, 1), desc, z + (gi * heads + h0) * n, n, at);
-      }
-    device_block mem(p.device_bytes(0));
-    p.upload(mem);
-    cuda_detail::launch_score(element_of<KV>(), row_of(kv_heads[0]), pass_template(p.max_heads), p.runs_on(mem),
-                              p.chunks_on(mem), static_cast<int>(p.chunks.size()), p.groups_on(mem), nullptr);
-    cuda_detail::launch_group_top_k(z, static_cast<int>(heads), std::int64_t(n), std::int64_t(k), work.p + z_bytes,
-                                    chosen, static_cast<int>(groups));
+    rank_on_device(kv_heads, queries[0].heads,
+                   [&](plan& p, index_t gi, index_t h0, index_t count) { return host_query(p, queries[gi], h0, count); },
+                   k, chosen);
   }
 
   // Heads [h0, h0 + count) of a host query group, staged for upload: their group desc

@@ -86,17 +86,21 @@ int multiprocessors(int device);
 
 // Scores of each chunk's tokens for every head of its group (up to heads_pass, 1, 4 or 8):
 // scale * q_h . k into out[h * out_stride + first_token + j] when the group has a device
-// `out`, else into z[first_token + j] (one head, out_stride 0).
+// `out`, else into z[first_token + j] (one head, out_stride 0). `check` (device,
+// nullable, preset to ~0): the launch also checks groups[0, group_count)'s device
+// queries into it, as launch_args::check does.
 void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
-                  const group_desc* groups, float* z);
+                  const group_desc* groups, float* z, unsigned long long* check = nullptr, int group_count = 0);
 
 // For each of `groups` groups g, the k heaviest (0 < k < n) of w_i = sum_h exp(z_hi -
 // m_h) / l_h, each head's softmax over its n scores (z: device, [groups, heads, n]):
 // their indices, ascending, into chosen + g * k (device); ties at the k-th weight go to
 // the lower index. `scratch` (device) holds top_k_scratch_bytes(heads, n, groups) bytes.
+// `proceed` (device, nullable): nothing is written into `chosen` unless it holds ~0 when
+// the last kernel runs (a query check queued before it, launch_score's).
 std::size_t top_k_scratch_bytes(int heads, std::int64_t n, int groups = 1);
 void launch_group_top_k(const float* z, int heads, std::int64_t n, std::int64_t k, void* scratch,
-                        std::int32_t* chosen, int groups = 1);
+                        std::int32_t* chosen, int groups = 1, const unsigned long long* proceed = nullptr);
 
 // A device token list to check: `count` indices that must ascend strictly and lie in [0, n).
 struct token_list {
