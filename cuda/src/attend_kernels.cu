@@ -420,12 +420,16 @@ __global__ void __launch_bounds__(block_threads) merge_groups(const group_desc* 
 // Scores of every head of each chunk's group: z[h * out_stride + first_token + j] into the
 // group's `out` when it has one (a whole group's scores, one read of each key), else into
 // z (one head; out_stride 0). Blocks past the chunks check one group's device queries
-// each into `check`.
+// each into `check`. At least 8 blocks a multiprocessor (64 registers), for rows in
+// flight: 128K, d 128, batch 1 went 191 -> 172 us on the H200 (ncu).
 template <class T, int SLOTS, int HP>
-__global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, const chunk* chunks, int chunk_count,
+__global__ void __launch_bounds__(block_threads, 8) score_chunks(const run* runs, const chunk* chunks, int chunk_count,
                                                               unsigned long long* check, const group_desc* groups,
                                                               float* z) {
-  if (int(blockIdx.x) >= chunk_count) return find_nonfinite(groups, blockIdx.x - chunk_count, check);
+  if (int(blockIdx.x) >= chunk_count) {
+    if (blockIdx.y == 0) find_nonfinite(groups, blockIdx.x - chunk_count, check);
+    return;
+  }
   constexpr int V = vec_of<T>, W = SLOTS * V;
   const chunk c = chunks[blockIdx.x];
   const group_desc g = groups[c.group];
@@ -443,24 +447,37 @@ __global__ void __launch_bounds__(block_threads) score_chunks(const run* runs, c
       }
   float* base = g.out ? g.out : z;
   run_cursor cur{runs + c.first_run};
-  for (int b = 0; b < c.tokens; b += subgroups) {
-    const int j = b + sub;
-    float k[W];
-    if (j < c.tokens) {
-      cur.seek(j);
-      load_row<T, SLOTS>(static_cast<const T*>(cur.r->keys) + cur.row(j) * g.key_stride, g.d, lane,
-                         g.aligned != 0, k);
-    } else {
+  // Block y of gridDim.y takes a slice of the chunk (scores need no merge, so a chunk can
+  // be split for more blocks in flight), U rows per subgroup a step, loaded before use.
+  constexpr int U = W <= 8 ? 2 : 1;
+  constexpr int step = subgroups * U;
+  const int slice = (c.tokens + step * int(gridDim.y) - 1) / (step * int(gridDim.y)) * step;
+  const int begin = int(blockIdx.y) * slice, end = min(c.tokens, begin + slice);
+  for (int b = begin; b < end; b += step) {
+    float k[U][W];
 #pragma unroll
-      for (int e = 0; e < W; ++e) k[e] = 0.f;
+    for (int u = 0; u < U; ++u) {
+      const int j = b + u * subgroups + sub;
+      if (j < end) {
+        cur.seek(j);
+        load_row<T, SLOTS>(static_cast<const T*>(cur.r->keys) + cur.row(j) * g.key_stride, g.d, lane,
+                           g.aligned != 0, k[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < W; ++e) k[u][e] = 0.f;
+      }
     }
 #pragma unroll
-    for (int h = 0; h < HP; ++h) {
-      float dot = 0.f;
+    for (int u = 0; u < U; ++u) {
+      const int j = b + u * subgroups + sub;
 #pragma unroll
-      for (int e = 0; e < W; ++e) dot = fmaf(q[h][e], k[e], dot);
-      dot = sum_lanes(dot);
-      if (j < c.tokens && lane == 0 && h < g.heads) base[h * g.out_stride + c.first_token + j] = g.scale * dot;
+      for (int h = 0; h < HP; ++h) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < W; ++e) dot = fmaf(q[h][e], k[u][e], dot);
+        dot = sum_lanes(dot);
+        if (j < end && lane == 0 && h < g.heads) base[h * g.out_stride + c.first_token + j] = g.scale * dot;
+      }
     }
   }
 }
@@ -529,12 +546,14 @@ struct score_args {
   float* z;
   unsigned long long* check;
   int blocks;  // chunk_count, and one per group to check
+  int slices;  // blocks per chunk
 };
 
 template <class T, int SLOTS>
 void score_slots(const score_args& a) {
   auto launch = [&](auto kernel) {
-    kernel<<<a.blocks, block_threads, 0, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check, a.groups, a.z);
+    kernel<<<dim3(a.blocks, a.slices), block_threads, 0, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check,
+                                                                          a.groups, a.z);
   };
   if (a.heads_pass == 1) launch(score_chunks<T, SLOTS, 1>);
   else if (a.heads_pass == 4) launch(score_chunks<T, SLOTS, 4>);
@@ -635,7 +654,10 @@ int multiprocessors(int device) {
 
 void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
                   const group_desc* groups, float* z, unsigned long long* check, int group_count) {
-  const score_args a{heads_pass, runs, chunks, chunk_count, groups, z, check, chunk_count + (check ? group_count : 0)};
+  // About 4096 blocks in all (31 per multiprocessor of an H200), a chunk split in up to 8.
+  const int slices = std::clamp((4096 + chunk_count - 1) / std::max(chunk_count, 1), 1, 8);
+  const score_args a{heads_pass, runs,  chunks, chunk_count, groups, z, check, chunk_count + (check ? group_count : 0),
+                     slices};
   switch (type) {
     case element::f32: return score_type<float>(row, a);
     case element::f16: return score_type<__half>(row, a);
