@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <string>
 #include <numeric>
 #include <vector>
 
 #include "floe/estimator.hpp"
 #include "floe/exec/scalar.hpp"
+#include "floe/exec/simd.hpp"
 #include "floe/residual/none.hpp"
 #include "floe/select/dense.hpp"
 #include "floe/select/oracle_topk.hpp"
@@ -91,6 +94,37 @@ TEMPLATE_TEST_CASE("oracle_topk: selects the k tokens of largest group weight an
       if (paged) run(data.paged_view());
       else run(data.view());
     }
+}
+
+TEMPLATE_TEST_CASE("oracle_topk: a NaN or Inf key is refused by token, never ranked", "[eval][oracle]", float, half) {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(13);
+  const index_t n = 300, d = 16, dv = 8, heads = 2;
+  auto queries = floe::testing::random_floats(g, heads * d);
+  for (index_t h = 0; h < heads; ++h) queries[h * d + 5] = 1.f;  // +Inf in element 5 scores +Inf
+  const query_group q = query_group::make(queries.data(), heads, d);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    INFO("bad " << bad);
+    floe::testing::random_kv<TestType> data(g, n, d, dv);
+    data.keys[137 * data.key_stride + 5] = from_float<TestType>(bad);
+    const auto kv = data.view();
+    const select::oracle_topk oracle{20};
+    auto refused = [&](const auto& exec) {
+      INFO("executor " << exec.name);
+      selection sel;
+      stats st;
+      try {
+        oracle.select(oracle.build(kv), kv, q, exec, sel, st);
+        FAIL("nothing thrown");
+      } catch (const invalid_argument& e) {
+        CHECK(e.argument() == std::string("kv"));
+        CHECK(std::string(e.what()).find("key 137 element 5 is NaN or Inf") != std::string::npos);
+      }
+      CHECK(sel.count() == 0);
+    };
+    refused(exec::scalar{});
+    refused(exec::simd{});
+  }
 }
 
 TEST_CASE("oracle_topk: at k = n it is dense, and below it its stats count all keys and k values", "[eval][oracle]") {

@@ -13,11 +13,22 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "floe/core/error.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
 
 namespace floe::select {
+
+// Refuses a cache whose scores are not finite (a NaN or Inf key; the query is checked
+// before): the ranking below compares weights, and NaN ones have no order. Named by token.
+template <KvView KV>
+[[noreturn]] void refuse_nonfinite_scores(const KV& kv, index_t head) {
+  for (index_t i = 0; i < kv.n(); ++i)
+    for (index_t t = 0; t < kv.d(); ++t)
+      require(std::isfinite(to_float(kv.key_row(i)[t])), "kv", "key ", i, " element ", t, " is NaN or Inf");
+  throw invalid_argument("kv", detail::concat("the scores of query head ", head, " overflow float"));
+}
 
 // weight[i] = sum_h softmax_h(z)_i over the n tokens of kv; z is scratch ([heads, n]).
 // Each key comes from memory once: through the executor's score_group where it has one,
@@ -58,6 +69,7 @@ void group_attention_weights(const KV& kv, const query_group& q, const Exec& exe
     }
     double sum = xsimd::hadd(sum_lanes);
     for (; i < n; ++i) sum += (zh[i] = std::exp(zh[i] - top));
+    if (!std::isfinite(sum)) refuse_nonfinite_scores(kv, h);  // each term is at most 1 unless a score is NaN or Inf
     inv[h] = static_cast<float>(1.0 / sum);
   }
   index_t i = 0;
