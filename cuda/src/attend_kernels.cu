@@ -88,6 +88,31 @@ __device__ float sum_lanes(float x) {
   return x;
 }
 
+// Each of a 16-lane subgroup's HP partial dot products (HP <= 16, a power of two) summed
+// over its lanes by halving: after the step of offset O a lane keeps half the heads, so
+// HP/2 + HP/4 + ... shuffles instead of 4 HP. Returns the sum of head `head` (updated),
+// which the lanes of one residue class mod 16 / HP share.
+template <int HP, int O = 8>
+__device__ float sum_heads(float* dot, int lane, int& head) {
+  if constexpr (O == 0) {
+    return dot[0];
+  } else if constexpr (HP == 1) {
+    dot[0] += __shfl_xor_sync(0xffffffffu, dot[0], O);
+    return sum_heads<1, O / 2>(dot, lane, head);
+  } else {
+    constexpr int half = HP / 2;
+    const bool upper = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float send = upper ? dot[i] : dot[i + half];
+      const float keep = upper ? dot[i + half] : dot[i];
+      dot[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+    if (upper) head += half;
+    return sum_heads<half, O / 2>(dot, lane, head);
+  }
+}
+
 // Where token j of a chunk lives: walks the chunk's runs forward (j only grows).
 struct run_cursor {
   const run* r;
@@ -470,14 +495,16 @@ __global__ void __launch_bounds__(block_threads, 8) score_chunks(const run* runs
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = b + u * subgroups + sub;
+      float dot[HP];
 #pragma unroll
       for (int h = 0; h < HP; ++h) {
-        float dot = 0.f;
+        dot[h] = 0.f;
 #pragma unroll
-        for (int e = 0; e < W; ++e) dot = fmaf(q[h][e], k[u][e], dot);
-        dot = sum_lanes(dot);
-        if (j < end && lane == 0 && h < g.heads) base[h * g.out_stride + c.first_token + j] = g.scale * dot;
+        for (int e = 0; e < W; ++e) dot[h] = fmaf(q[h][e], k[u][e], dot[h]);
       }
+      int h = 0;
+      const float sum = sum_heads<HP>(dot, lane, h);
+      if (j < end && lane % (16 / HP) == 0 && h < g.heads) base[h * g.out_stride + c.first_token + j] = g.scale * sum;
     }
   }
 }
