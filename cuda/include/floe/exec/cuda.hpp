@@ -476,7 +476,7 @@ class cuda : public batch_decoder<cuda> {
   // query_of(plan, gi, h0, count): the desc of heads [h0, h0 + count) of group gi and
   // their offset in the plan's staged queries (npos: on the device). check_queries: the
   // score launch checks every group's device queries and nothing is selected unless all
-  // pass; the check's flag (plan groups: slices_of(kv_heads, heads) per group) is then
+  // pass; the check's flag (plan groups: ceil(heads / pass_of(kv_heads)) per group) is then
   // read back into the returned host slot, valid after a synchronize.
   template <KvView KV, class QueryOf>
   const unsigned long long* rank_on_device(std::span<const KV> kv_heads, index_t heads, QueryOf&& query_of,

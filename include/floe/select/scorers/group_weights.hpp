@@ -27,7 +27,7 @@ template <KvView KV>
   for (index_t i = 0; i < kv.n(); ++i)
     for (index_t t = 0; t < kv.d(); ++t)
       require(std::isfinite(to_float(kv.key_row(i)[t])), "kv", "key ", i, " element ", t, " is NaN or Inf");
-  throw invalid_argument("kv", detail::concat("the scores of query head ", head, " overflow float"));
+  throw invalid_argument("kv", floe::detail::concat("the scores of query head ", head, " overflow float"));
 }
 
 // weight[i] = sum_h softmax_h(z)_i over the n tokens of kv; z is scratch ([heads, n]).
