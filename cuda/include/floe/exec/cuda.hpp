@@ -516,9 +516,7 @@ class cuda : public batch_decoder<cuda> {
     device_block mem(p.device_bytes(0));
     p.upload(mem);
     unsigned long long* flag = check_queries ? p.flag_on(mem) : nullptr;
-    int row = 1;
-    for (const KV& kv : kv_heads) row = std::max(row, row_of(kv));
-    cuda_detail::launch_score(element_of<KV>(), row, pass_template(p.max_heads), p.runs_on(mem), p.chunks_on(mem),
+    cuda_detail::launch_score(element_of<KV>(), widest_row(kv_heads), pass_template(p.max_heads), p.runs_on(mem), p.chunks_on(mem),
                               static_cast<int>(p.chunks.size()), p.groups_on(mem), nullptr, flag,
                               static_cast<int>(p.groups.size()));
     for (const auto& [a, b] : chains)
@@ -528,13 +526,16 @@ class cuda : public batch_decoder<cuda> {
     cuda_detail::to_host(p.readback, flag, sizeof *p.readback);
     return p.readback;
   }
-  // Query heads per slice of a group in rank_on_device's plan.
+  // The widest row (d or dv) of the views, and the query heads per slice of a group in
+  // rank_on_device's plan, which it sets.
   template <KvView KV>
-  static index_t pass_of(std::span<const KV> kv_heads) {
+  static int widest_row(std::span<const KV> kv_heads) {
     int row = 1;
     for (const KV& kv : kv_heads) row = std::max(row, row_of(kv));
-    return index_t(cuda_detail::heads_per_pass(row));
+    return row;
   }
+  template <KvView KV>
+  static index_t pass_of(std::span<const KV> kv_heads) { return index_t(cuda_detail::heads_per_pass(widest_row(kv_heads))); }
   // rank_on_device for host query groups, staged with the plan.
   template <KvView KV>
   void rank_on_device(std::span<const KV> kv_heads, std::span<const query_group> queries, index_t k,
