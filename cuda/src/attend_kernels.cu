@@ -445,12 +445,13 @@ __global__ void __launch_bounds__(block_threads) merge_groups(const group_desc* 
 // Scores of every head of each chunk's group: z[h * out_stride + first_token + j] into the
 // group's `out` when it has one (a whole group's scores, one read of each key), else into
 // z (one head; out_stride 0). Blocks past the chunks check one group's device queries
-// each into `check`. At least 8 blocks a multiprocessor (64 registers), for rows in
-// flight: 128K, d 128, batch 1 went 191 -> 172 us on the H200 (ncu).
+// each into `check`; a NaN or +Inf score puts group << 40 | token into `bad_key`. At
+// least 8 blocks a multiprocessor (64 registers), for rows in flight: 128K, d 128,
+// batch 1 went 191 -> 172 us on the H200 (ncu).
 template <class T, int SLOTS, int HP>
 __global__ void __launch_bounds__(block_threads, 8) score_chunks(const run* runs, const chunk* chunks, int chunk_count,
                                                               unsigned long long* check, const group_desc* groups,
-                                                              float* z) {
+                                                              float* z, unsigned long long* bad_key) {
   if (int(blockIdx.x) >= chunk_count) {
     if (blockIdx.y == 0) find_nonfinite(groups, blockIdx.x - chunk_count, check);
     return;
@@ -504,7 +505,12 @@ __global__ void __launch_bounds__(block_threads, 8) score_chunks(const run* runs
       }
       int h = 0;
       const float sum = sum_heads<HP>(dot, lane, h);
-      if (j < end && lane % (16 / HP) == 0 && h < g.heads) base[h * g.out_stride + c.first_token + j] = g.scale * sum;
+      if (j < end && lane % (16 / HP) == 0 && h < g.heads) {
+        const float score = g.scale * sum;
+        base[h * g.out_stride + c.first_token + j] = score;
+        if (!(score < INFINITY) && bad_key)  // NaN or +Inf: no order to rank by
+          atomicMin(bad_key, static_cast<unsigned long long>(c.group) << 40 | static_cast<unsigned long long>(c.first_token + j));
+      }
     }
   }
 }
@@ -572,6 +578,7 @@ struct score_args {
   const group_desc* groups;
   float* z;
   unsigned long long* check;
+  unsigned long long* bad_key;
   int blocks;  // chunk_count, and one per group to check
   int slices;  // blocks per chunk
 };
@@ -580,7 +587,7 @@ template <class T, int SLOTS>
 void score_slots(const score_args& a) {
   auto launch = [&](auto kernel) {
     kernel<<<dim3(a.blocks, a.slices), block_threads, 0, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check,
-                                                                          a.groups, a.z);
+                                                                          a.groups, a.z, a.bad_key);
   };
   if (a.heads_pass == 1) launch(score_chunks<T, SLOTS, 1>);
   else if (a.heads_pass == 4) launch(score_chunks<T, SLOTS, 4>);
@@ -680,11 +687,12 @@ int multiprocessors(int device) {
 }
 
 void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
-                  const group_desc* groups, float* z, unsigned long long* check, int group_count) {
+                  const group_desc* groups, float* z, unsigned long long* check, int group_count,
+                  unsigned long long* bad_key) {
   // About 4096 blocks in all (31 per multiprocessor of an H200), a chunk split in up to 8.
   const int slices = std::clamp((4096 + chunk_count - 1) / std::max(chunk_count, 1), 1, 8);
-  const score_args a{heads_pass, runs,  chunks, chunk_count, groups, z, check, chunk_count + (check ? group_count : 0),
-                     slices};
+  const score_args a{heads_pass, runs,  chunks, chunk_count, groups, z, check, bad_key,
+                     chunk_count + (check ? group_count : 0), slices};
   switch (type) {
     case element::f32: return score_type<float>(row, a);
     case element::f16: return score_type<__half>(row, a);

@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(threads) write_chosen(const float* weight, std
                                                         const unsigned long long* proceed) {
   using scan = cub::BlockScan<unsigned long long, threads>;
   __shared__ typename scan::TempStorage temp;
-  if (proceed != nullptr && *proceed != ~0ull) return;  // a query failed its check: write nothing
+  if (proceed != nullptr && (proceed[0] & proceed[1]) != ~0ull) return;  // a query or key failed its check: write nothing
   weight += blockIdx.y * n;  // group blockIdx.y
   state += blockIdx.y;
   tile_before += blockIdx.y * (tiles + 1);

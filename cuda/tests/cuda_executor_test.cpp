@@ -343,6 +343,20 @@ TEST_CASE("cuda group_top_k over device queries refuses bad input before writing
   }
   const float one = 1.f;
   ft::cuda_check(cudaMemcpy(b.dq[1]->data() + 5 * b.q_stride + 7, &one, sizeof one, cudaMemcpyHostToDevice), "heal");
+  {  // A NaN key (sequence 1, KV head 2, token 33, element 4): its scores have no order.
+    floe::half* key = b.dev[1 * 3 + 2]->keys.data() + 33 * b.host[1 * 3 + 2]->key_stride + 4;
+    const floe::half nan_key = floe::half::from_bits(0x7e00), kept = b.host[1 * 3 + 2]->keys[33 * b.host[1 * 3 + 2]->key_stride + 4];
+    ft::cuda_check(cudaMemcpy(key, &nan_key, sizeof nan_key, cudaMemcpyHostToDevice), "poison key");
+    try {
+      ex.group_top_k<floe::kv_view<floe::half>>(seqs, shape, 0.125f, 40, out.data());
+      FAIL("nothing thrown");
+    } catch (const floe::invalid_argument& e) {
+      REQUIRE(e.argument() == "sequence.kv_heads");
+      REQUIRE(std::string(e.what()).find("sequence 1, KV head 2, key 33 element 4 is NaN or Inf") != std::string::npos);
+    }
+    untouched();
+    ft::cuda_check(cudaMemcpy(key, &kept, sizeof kept, cudaMemcpyHostToDevice), "heal key");
+  }
   REQUIRE(call(seqs, shape, 0.125f, 51, out.data()) == "k");  // sequence 1 has n = 50
   REQUIRE(call(seqs, shape, 0.125f, 40, nullptr) == "indices");
   REQUIRE(call(seqs, shape, 0.f, 40, out.data()) == "scale");

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_support.hpp"
@@ -190,4 +192,62 @@ TEST_CASE("cuda group_top_k refuses bad input by name", "[cuda]") {
   REQUIRE(ft::argument_of([&] { ex.group_top_k(dev.view(), q, 10, static_cast<std::int32_t*>(nullptr)); }) == "indices");
   const auto q32 = floe::query_group::make(qd.data(), 1, 32);
   REQUIRE(ft::argument_of([&] { ex.group_top_k(dev.view(), q32, 10, sel); }) == "query.d");
+}
+
+// A throw's argument and whether its message holds `text`.
+template <class F>
+std::pair<std::string, bool> refusal_of(F&& f, const std::string& text) {
+  try {
+    f();
+  } catch (const floe::invalid_argument& e) {
+    return {e.argument(), std::string(e.what()).find(text) != std::string::npos};
+  }
+  return {"(nothing thrown)", false};
+}
+
+// Keys whose scores are NaN or +Inf have no order: found in the score launch and refused
+// with the key's token and element (read back from the device), nothing selected.
+TEST_CASE("cuda group_top_k refuses NaN or Inf keys by token and element", "[cuda]") {
+  INFO("seed " << ft::seed());
+  auto g = ft::rng(37);
+  const floe::exec::cuda ex;
+  const ft::random_kv<float> host(g, 300, 64, 64);
+  const ft::cuda_kv<float> dev(host, ft::cuda_array<float>::device);
+  const ft::cuda_kv<float> other(host, ft::cuda_array<float>::device);
+  auto qd = ft::random_floats(g, 2 * 64);
+  qd[5] = 1.f;  // element 5 positive: an Inf there makes the score +Inf
+  const auto q = floe::query_group::make(qd.data(), 2, 64);
+  auto set_key = [&](const ft::cuda_kv<float>& kv, index_t i, index_t t, float x) {
+    ft::cuda_check(cudaMemcpy(kv.keys.data() + i * host.key_stride + t, &x, sizeof x, cudaMemcpyHostToDevice), "poison");
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  floe::selection sel;
+  set_key(dev, 237, 5, inf);
+  REQUIRE(refusal_of([&] { ex.group_top_k(dev.view(), q, 10, sel); }, "key 237 element 5 is NaN or Inf") ==
+          std::pair<std::string, bool>{"kv", true});
+  REQUIRE(sel.ranges.empty());
+  set_key(dev, 237, 5, std::nanf(""));
+  set_key(dev, 12, 9, std::nanf(""));  // the lower token is named
+  REQUIRE(refusal_of([&] { ex.group_top_k(dev.view(), q, 10, sel); }, "key 12 element 9") ==
+          std::pair<std::string, bool>{"kv", true});
+  // Every KV head at once: the second view's key is named by its head; nothing written.
+  set_key(dev, 237, 5, host.keys[237 * host.key_stride + 5]);
+  set_key(dev, 12, 9, host.keys[12 * host.key_stride + 9]);
+  set_key(other, 80, 62, std::nanf(""));
+  const std::vector<floe::kv_view<float>> heads{dev.view(), other.view()};
+  const std::vector<floe::query_group> two{q, q};
+  ft::cuda_array<std::int32_t> out(std::vector<std::int32_t>(20, -1), ft::cuda_array<std::int32_t>::device);
+  REQUIRE(refusal_of([&] { ex.group_top_k(std::span<const floe::kv_view<float>>(heads), std::span<const floe::query_group>(two), 10, out.data()); },
+                     "KV head 1, key 80 element 62") == std::pair<std::string, bool>{"kv_heads", true});
+  for (const std::int32_t i : out.to_host()) REQUIRE(i == -1);
+  // Finite keys whose scores overflow float.
+  set_key(dev, 40, 5, 3e38f);
+  qd[5] = 1e3f;
+  REQUIRE(refusal_of([&] { ex.group_top_k(dev.view(), q, 10, sel); }, "the scores of key 40 overflow float") ==
+          std::pair<std::string, bool>{"kv", true});
+  REQUIRE(sel.ranges.empty());
+  // Healed, the same calls select.
+  set_key(dev, 40, 5, host.keys[40 * host.key_stride + 5]);
+  REQUIRE(refusal_of([&] { ex.group_top_k(dev.view(), q, 10, sel); }, "") == std::pair<std::string, bool>{"(nothing thrown)", false});
+  REQUIRE(sel.ranges.size() >= 1);
 }

@@ -97,11 +97,13 @@ class cuda : public batch_decoder<cuda> {
     if (k == kv.n()) return out.add(0, k);
     cuda_detail::select_device(opt_.device, opt_.stream);
     device_block chosen(sizeof(std::int32_t) * k);
-    rank_on_device(std::span<const KV>(&kv, 1), std::span<const query_group>(&q, 1), k,
-                   reinterpret_cast<std::int32_t*>(chosen.p));
+    const std::span<const KV> views(&kv, 1);
+    const unsigned long long* flags =
+        rank_on_device(views, std::span<const query_group>(&q, 1), k, reinterpret_cast<std::int32_t*>(chosen.p));
     std::vector<std::int32_t> indices(k);
     cuda_detail::to_host(indices.data(), chosen.p, sizeof(std::int32_t) * k);
     cuda_detail::synchronize();
+    refuse_bad_key(views, q.heads, flags[1], "kv", [](index_t) { return ""; });
     for (const std::int32_t i : indices) out.add(i, i + 1);
   }
 
@@ -137,10 +139,13 @@ class cuda : public batch_decoder<cuda> {
       std::vector<std::int32_t> all(k * kv_heads.size());
       for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int32_t>(i % k);
       cuda_detail::to_device(indices, all.data(), sizeof(std::int32_t) * all.size());
+      cuda_detail::synchronize();
     } else {
-      rank_on_device(kv_heads, queries, k, indices);
+      const unsigned long long* flags = rank_on_device(kv_heads, queries, k, indices);
+      cuda_detail::synchronize();
+      refuse_bad_key(kv_heads, queries[0].heads, flags[1], "kv_heads",
+                     [](index_t gi) { return floe::detail::concat("KV head ", gi, ", "); });
     }
-    cuda_detail::synchronize();
   }
 
   // The engine's case, queries on the device: for every sequence s of the batch, KV head
@@ -197,13 +202,16 @@ class cuda : public batch_decoder<cuda> {
         },
         k, indices, true);
     cuda_detail::synchronize();
-    const cuda_detail::nonfinite_query bad = cuda_detail::decode_nonfinite(*flag);
+    const cuda_detail::nonfinite_query bad = cuda_detail::decode_nonfinite(flag[0]);
     if (bad.group >= 0) {  // plan group: head slice `bad.group % slices` of group gi
       const index_t pass = pass_of(all), slices = (g + pass - 1) / pass, gi = index_t(bad.group) / slices;
       const index_t head = gi % shape.kv_heads * g + index_t(bad.group) % slices * pass + index_t(bad.head);
       require(false, "sequence.queries", "sequence ", gi / shape.kv_heads, ", query head ", head, ", element ",
               bad.element, " is NaN or Inf");
     }
+    refuse_bad_key(all, g, flag[1], "sequence.kv_heads", [&](index_t gi) {
+      return floe::detail::concat("sequence ", gi / shape.kv_heads, ", KV head ", gi % shape.kv_heads, ", ");
+    });
     // Caches of exactly k tokens: every token, written once the queries passed.
     std::vector<std::int32_t> every;
     for (index_t gi = 0; gi < heads.size(); ++gi)
@@ -293,7 +301,7 @@ class cuda : public batch_decoder<cuda> {
     std::vector<std::size_t> table_at;    // per table_sources entry: offset into `tables`
     std::vector<std::pair<std::size_t, std::size_t>> paged_runs;  // [run, offset into `tables`]
     int max_heads = 1, max_dv = 1;
-    unsigned long long* readback = nullptr;  // page-locked slot for the query check's flag, set by upload
+    unsigned long long* readback = nullptr;  // page-locked slots for the flags, set by upload
     bool all_aligned = true;
     std::size_t work_floats = 0, result_floats = 0;
 
@@ -305,7 +313,8 @@ class cuda : public batch_decoder<cuda> {
     std::size_t queries_at() const { return up(groups_at() + groups.size() * sizeof(cuda_detail::group_desc)); }
     std::size_t tables_at() const { return up(queries_at() + queries.size() * sizeof(float)); }
     std::size_t flag_at() const { return up(tables_at() + tables.size() * sizeof(std::int32_t)); }
-    std::size_t work_at() const { return up(flag_at() + sizeof(unsigned long long)); }
+    // Two flags: the query check's and the score check's (rank_on_device's bad key).
+    std::size_t work_at() const { return up(flag_at() + 2 * sizeof(unsigned long long)); }
     std::size_t results_at() const { return up(work_at() + work_floats * sizeof(float)); }
     std::size_t device_bytes(std::size_t results, std::size_t work_per_chunk = 0) {
       work_floats = chunks.size() * work_per_chunk;
@@ -444,7 +453,7 @@ class cuda : public batch_decoder<cuda> {
         if (query_of[gi] != npos) patched[gi].q = reinterpret_cast<const float*>(m.p + queries_at()) + query_of[gi];
       // Built in page-locked staging (the flag's read-back slot just past it), so that
       // the upload is one direct copy.
-      char* host = static_cast<char*>(cuda_detail::host_staging(work_at() + sizeof(unsigned long long)));
+      char* host = static_cast<char*>(cuda_detail::host_staging(work_at() + 2 * sizeof(unsigned long long)));
       readback = reinterpret_cast<unsigned long long*>(host + work_at());
       std::copy_n(reinterpret_cast<const char*>(runs.data()), runs.size() * sizeof(cuda_detail::run), host + runs_at());
       for (const auto& [r, offset] : paged_runs) {
@@ -456,8 +465,8 @@ class cuda : public batch_decoder<cuda> {
       std::copy_n(reinterpret_cast<const char*>(chunks.data()), chunks.size() * sizeof(cuda_detail::chunk), host + chunks_at());
       std::copy_n(reinterpret_cast<const char*>(patched.data()), patched.size() * sizeof(cuda_detail::group_desc), host + groups_at());
       std::copy_n(reinterpret_cast<const char*>(queries.data()), queries.size() * sizeof(float), host + queries_at());
-      const unsigned long long none = ~0ull;  // the query check's "all finite"
-      std::copy_n(reinterpret_cast<const char*>(&none), sizeof none, host + flag_at());
+      const unsigned long long none[2] = {~0ull, ~0ull};  // both checks' "all finite"
+      std::copy_n(reinterpret_cast<const char*>(none), sizeof none, host + flag_at());
       cuda_detail::to_device(m.p, host, work_at());
     }
   };
@@ -475,9 +484,11 @@ class cuda : public batch_decoder<cuda> {
   // selection kernels, and groups with k = n get none (their queries are only checked).
   // query_of(plan, gi, h0, count): the desc of heads [h0, h0 + count) of group gi and
   // their offset in the plan's staged queries (npos: on the device). check_queries: the
-  // score launch checks every group's device queries and nothing is selected unless all
-  // pass; the check's flag (plan groups: ceil(heads / pass_of(kv_heads)) per group) is then
-  // read back into the returned host slot, valid after a synchronize.
+  // score launch checks every group's device queries. Nothing is selected unless every
+  // query passes and every score is finite; the two flags (the query check's, and the
+  // lowest plan group << 40 | token of a NaN or +Inf score; plan groups: ceil(heads /
+  // pass_of(kv_heads)) per group) are read back into the returned host slots, valid after
+  // a synchronize.
   template <KvView KV, class QueryOf>
   const unsigned long long* rank_on_device(std::span<const KV> kv_heads, index_t heads, QueryOf&& query_of,
                                            index_t k, std::int32_t* chosen, bool check_queries = false) const {
@@ -515,16 +526,34 @@ class cuda : public batch_decoder<cuda> {
     }
     device_block mem(p.device_bytes(0));
     p.upload(mem);
-    unsigned long long* flag = check_queries ? p.flag_on(mem) : nullptr;
+    unsigned long long* flag = p.flag_on(mem);
     cuda_detail::launch_score(element_of<KV>(), widest_row(kv_heads), pass_template(p.max_heads), p.runs_on(mem), p.chunks_on(mem),
-                              static_cast<int>(p.chunks.size()), p.groups_on(mem), nullptr, flag,
-                              static_cast<int>(p.groups.size()));
+                              static_cast<int>(p.chunks.size()), p.groups_on(mem), nullptr, check_queries ? flag : nullptr,
+                              static_cast<int>(p.groups.size()), flag + 1);
     for (const auto& [a, b] : chains)
       cuda_detail::launch_group_top_k(z + z_at[a], static_cast<int>(heads), std::int64_t(kv_heads[a].n()),
                                       std::int64_t(k), work.p + z_bytes, chosen + a * k, static_cast<int>(b - a), flag);
-    if (!check_queries) return nullptr;
-    cuda_detail::to_host(p.readback, flag, sizeof *p.readback);
+    cuda_detail::to_host(p.readback, flag, 2 * sizeof *p.readback);
     return p.readback;
+  }
+
+  // Refuses a ranking whose scores were not all finite (rank_on_device's second flag,
+  // after a synchronize): names the key's token and its first NaN or Inf element, read
+  // back from the cache, or says that its scores overflow. where(gi) names the view.
+  template <KvView KV, class Where>
+  static void refuse_bad_key(std::span<const KV> kv_heads, index_t heads, unsigned long long flag,
+                             const char* argument, Where&& where) {
+    const cuda_detail::bad_score bad = cuda_detail::decode_bad_key(flag);
+    if (bad.group < 0) return;
+    const index_t pass = pass_of(kv_heads), gi = index_t(bad.group) / ((heads + pass - 1) / pass);
+    const KV& kv = kv_heads[gi];
+    std::vector<typename KV::element_type> row(kv.d());
+    cuda_detail::to_host(row.data(), kv.key_row(index_t(bad.token)), sizeof(row[0]) * row.size());
+    cuda_detail::synchronize();
+    for (index_t t = 0; t < kv.d(); ++t)
+      require(std::isfinite(to_float(row[t])), argument, where(gi), "key ", bad.token, " element ", t,
+              " is NaN or Inf");
+    require(false, argument, where(gi), "the scores of key ", bad.token, " overflow float");
   }
   // The widest row (d or dv) of the views, and the query heads per slice of a group in
   // rank_on_device's plan, which it sets.
@@ -538,9 +567,9 @@ class cuda : public batch_decoder<cuda> {
   static index_t pass_of(std::span<const KV> kv_heads) { return index_t(cuda_detail::heads_per_pass(widest_row(kv_heads))); }
   // rank_on_device for host query groups, staged with the plan.
   template <KvView KV>
-  void rank_on_device(std::span<const KV> kv_heads, std::span<const query_group> queries, index_t k,
-                      std::int32_t* chosen) const {
-    rank_on_device(kv_heads, queries[0].heads,
+  const unsigned long long* rank_on_device(std::span<const KV> kv_heads, std::span<const query_group> queries,
+                                           index_t k, std::int32_t* chosen) const {
+    return rank_on_device(kv_heads, queries[0].heads,
                    [&](plan& p, index_t gi, index_t h0, index_t count) { return host_query(p, queries[gi], h0, count); },
                    k, chosen);
   }

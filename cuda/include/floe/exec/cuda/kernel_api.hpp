@@ -88,16 +88,19 @@ int multiprocessors(int device);
 // scale * q_h . k into out[h * out_stride + first_token + j] when the group has a device
 // `out`, else into z[first_token + j] (one head, out_stride 0). `check` (device,
 // nullable, preset to ~0): the launch also checks groups[0, group_count)'s device
-// queries into it, as launch_args::check does.
+// queries into it, as launch_args::check does. `bad_key` (device, nullable, preset to
+// ~0): receives the lowest group << 40 | token whose score is NaN or +Inf (a NaN or Inf
+// in its key, or an overflow), which decode_bad_key unpacks.
 void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
-                  const group_desc* groups, float* z, unsigned long long* check = nullptr, int group_count = 0);
+                  const group_desc* groups, float* z, unsigned long long* check = nullptr, int group_count = 0,
+                  unsigned long long* bad_key = nullptr);
 
 // For each of `groups` groups g, the k heaviest (0 < k < n) of w_i = sum_h exp(z_hi -
 // m_h) / l_h, each head's softmax over its n scores (z: device, [groups, heads, n]):
 // their indices, ascending, into chosen + g * k (device); ties at the k-th weight go to
 // the lower index. `scratch` (device) holds top_k_scratch_bytes(heads, n, groups) bytes.
-// `proceed` (device, nullable): nothing is written into `chosen` unless it holds ~0 when
-// the last kernel runs (a query check queued before it, launch_score's).
+// `proceed` (device, nullable, two words): nothing is written into `chosen` unless both
+// hold ~0 when the last kernel runs (launch_score's query check and bad_key).
 std::size_t top_k_scratch_bytes(int heads, std::int64_t n, int groups = 1);
 void launch_group_top_k(const float* z, int heads, std::int64_t n, std::int64_t k, void* scratch,
                         std::int32_t* chosen, int groups = 1, const unsigned long long* proceed = nullptr);
@@ -118,6 +121,15 @@ struct nonfinite_query {
   std::int32_t group, head, element;
 };
 nonfinite_query decode_nonfinite(unsigned long long first);
+// launch_score's bad_key unpacked (group -1: every score finite).
+struct bad_score {
+  std::int32_t group;
+  std::int64_t token;
+};
+inline bad_score decode_bad_key(unsigned long long first) {
+  if (first == ~0ull) return {-1, 0};
+  return {static_cast<std::int32_t>(first >> 40), static_cast<std::int64_t>(first & ((1ull << 40) - 1))};
+}
 
 // Page-locked host memory of at least `bytes`, owned by the calling thread and reused by
 // its next call (each call synchronizes before it returns): uploads from it are direct.
