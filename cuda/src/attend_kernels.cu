@@ -9,6 +9,8 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "floe/exec/cuda/kernel_api.hpp"
 #include "stream.cuh"
@@ -377,6 +379,8 @@ __global__ void __launch_bounds__(block_threads) attend_chunks_async(const run* 
            work + static_cast<std::int64_t>(blockIdx.x) * HP * (2 + dv_max));
 }
 
+#include "attend_mma.cuh"
+
 // Per (group, head): merges the group's chunk partials (a block-wide max, then the
 // rescaled sums, chunks taken 128 at a time with their scales in shared memory); writes
 // a / l to the group's output rows, or (m, l, a) to `results`.
@@ -559,8 +563,56 @@ int slots_for(int row) {
   return s <= 1 ? 1 : s == 2 ? 2 : 4;
 }
 
+// The tensor-core kernel takes 16-bit rows of d = dv = 64 or 128 in every group, 16-byte
+// aligned, on compute capability 8.0 or newer, unless FLOE_CUDA_ATTEND=simt.
+bool mma_fits(const launch_args& a) {
+  static const bool simt = [] {
+    const char* v = std::getenv("FLOE_CUDA_ATTEND");
+    return v != nullptr && std::strcmp(v, "simt") == 0;
+  }();
+  static thread_local int device = -1, major = 0;
+  int now = 0;
+  check(cudaGetDevice(&now), "cudaGetDevice");
+  if (now != device) {
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, now), "compute capability");
+    device = now;
+  }
+  return !simt && major >= 8 && a.all_aligned && a.row == a.min_row && (a.row == 64 || a.row == 128) &&
+         a.heads_pass <= 8;
+}
+
+template <class T, int D, int HP>
+void attend_mma_as(const launch_args& a) {
+  const int blocks = a.chunk_count + (a.check ? a.group_count : 0);
+  if (blocks > 0) {
+    auto* kernel = attend_chunks_mma<T, D, HP>;
+    const std::size_t smem = mma_smem_bytes<D>();
+    static thread_local bool opted = false;  // past 48 KiB a kernel must opt in
+    if (!opted) {
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "shared memory size");
+      opted = true;
+    }
+    kernel<<<blocks, block_threads, smem, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check, a.groups,
+                                                            a.dv_max, a.work);
+  }
+  check(cudaGetLastError(), "attend kernel launch");
+  merge_groups<HP><<<dim3(a.group_count, HP), block_threads, 0, current_stream>>>(a.groups, a.dv_max, a.work,
+                                                                                      a.results, a.check);
+  check(cudaGetLastError(), "merge kernel launch");
+}
+
+template <class T, int D>
+void attend_mma_rows(const launch_args& a) {
+  if (a.heads_pass == 1) attend_mma_as<T, D, 1>(a);
+  else if (a.heads_pass == 4) attend_mma_as<T, D, 4>(a);
+  else attend_mma_as<T, D, 8>(a);
+}
+
 template <class T>
 void attend_type(const launch_args& a) {
+  if constexpr (vec_of<T> == 8) {
+    if (mma_fits(a)) return a.row == 64 ? attend_mma_rows<T, 64>(a) : attend_mma_rows<T, 128>(a);
+  }
   if constexpr (vec_of<T> == 8) {
     if (a.row <= 64) return attend_slots<T, 1, 8>(a);  // 8 lanes of 16 bytes hold the row
   }

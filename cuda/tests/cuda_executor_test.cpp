@@ -92,6 +92,39 @@ TEST_CASE("cuda attend and score equal the scalar reference (half)", "[cuda]") {
 TEST_CASE("cuda attend and score equal the scalar reference (bfloat16)", "[cuda]") { attend_sweep<floe::bfloat16>(3); }
 
 namespace {
+// 16-bit rows of d = dv = 64 or 128 run on tensor cores, the fp32 query split into 16-bit
+// terms after a per-head power-of-two scaling: queries far outside fp16's range (1e6:
+// one-hot weights) or deep in its subnormals (1e-7: near-uniform weights) keep fp32's
+// result.
+template <class T>
+void extreme_queries(std::uint64_t salt) {
+  INFO("seed " << ft::seed() << " type " << floe::element_name<T>());
+  auto g = ft::rng(salt);
+  const floe::exec::cuda ex({0, 256});
+  for (const index_t d : {64, 128})
+    for (const float sigma : {1e-7f, 1e6f}) {
+      INFO("d " << d << " query sigma " << sigma);
+      const ft::random_kv<T> host(g, 3000, d, d);
+      const ft::cuda_kv<T> dev(host, ft::cuda_array<T>::device);
+      const auto qd = ft::random_floats(g, 4 * d, sigma);
+      const auto q = floe::query_group::make(qd.data(), 4, d);
+      floe::partial_set<float> got(4, d);
+      floe::partial_set<double> want(4, d);
+      ex.attend(dev.view(), q, std::vector<token_range>{{0, 3000}}, got);
+      floe::exec::scalar{}.attend(host.view(), q, std::vector<token_range>{{0, 3000}}, want);
+      REQUIRE(ft::max_relative_error(got, want) <= 1e-5);
+    }
+}
+}  // namespace
+
+TEST_CASE("cuda attend keeps fp32 precision for very large and very small queries (half)", "[cuda]") {
+  extreme_queries<floe::half>(4);
+}
+TEST_CASE("cuda attend keeps fp32 precision for very large and very small queries (bfloat16)", "[cuda]") {
+  extreme_queries<floe::bfloat16>(5);
+}
+
+namespace {
 
 // A batch on the device: sequences of different lengths, Hkv heads each, padded query
 // and output rows; outputs poisoned with NaN and their padding with a sentinel.

@@ -300,7 +300,7 @@ class cuda : public batch_decoder<cuda> {
     std::vector<std::pair<const std::int32_t*, std::size_t>> table_sources;  // [host table, entries] per table
     std::vector<std::size_t> table_at;    // per table_sources entry: offset into `tables`
     std::vector<std::pair<std::size_t, std::size_t>> paged_runs;  // [run, offset into `tables`]
-    int max_heads = 1, max_dv = 1;
+    int max_heads = 1, max_dv = 1, min_row = cuda_detail::max_row;  // min_row: the narrowest d or dv
     unsigned long long* readback = nullptr;  // page-locked slots for the flags, set by upload
     bool all_aligned = true;
     std::size_t work_floats = 0, result_floats = 0;
@@ -416,6 +416,7 @@ class cuda : public batch_decoder<cuda> {
       all_aligned = all_aligned && aligned;
       max_heads = std::max(max_heads, int(desc.heads));
       max_dv = std::max(max_dv, int(desc.dv));
+      min_row = std::min({min_row, int(desc.d), int(desc.dv)});
       groups.push_back(desc);
       query_of.push_back(query_offset);
     }
@@ -612,7 +613,7 @@ class cuda : public batch_decoder<cuda> {
     cuda_detail::launch_attend({element_of<KV>(), row, hp, p.runs_on(mem), p.chunks_on(mem),
                                 static_cast<int>(p.chunks.size()), p.groups_on(mem), static_cast<int>(p.groups.size()),
                                 p.max_dv, p.work_on(mem), to_results ? p.results_on(mem) : nullptr,
-                                to_results ? nullptr : p.flag_on(mem), p.all_aligned});
+                                to_results ? nullptr : p.flag_on(mem), p.all_aligned, p.min_row});
   }
 
   template <KvView KV, class RangesOf>

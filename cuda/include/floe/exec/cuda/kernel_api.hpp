@@ -67,7 +67,8 @@ void synchronize();
 // [2 * heads_pass + h * dv_max]). `check` (device, nullable, preset to ~0): the launch
 // also checks every group's device queries into it (see nonfinite_query), and the merge
 // writes nothing unless it still holds ~0. all_aligned: every group's rows allow 16-byte
-// loads (the pipelined kernel runs).
+// loads (the pipelined kernel runs). min_row: the narrowest d or dv of any group (row
+// the widest): the tensor-core kernel needs them equal.
 struct launch_args {
   element type;
   int row, heads_pass;
@@ -80,6 +81,7 @@ struct launch_args {
   float* results;
   unsigned long long* check;
   bool all_aligned;
+  int min_row;
 };
 void launch_attend(const launch_args& args);
 int multiprocessors(int device);
