@@ -250,7 +250,7 @@ class cuda : public batch_decoder<cuda> {
     if (tokens == 0) return;
     const int pass = cuda_detail::heads_per_pass(row_of(kv));
     cuda_detail::select_device(opt_.device, opt_.stream);
-    plan p(chunk_tokens_for(tokens * ((q.heads + pass - 1) / pass)));
+    plan p(chunk_tokens_for(tokens * ((q.heads + pass - 1) / pass), tensor_core_rows<KV>(row_of(kv))));
     for (index_t h0 = 0; h0 < q.heads; h0 += index_t(pass)) {
       const auto [desc, at] = host_query(p, q, h0, std::min<index_t>(pass, q.heads - h0));
       p.add_group(kv, ranges, desc, nullptr, 0, at);
@@ -658,7 +658,7 @@ class cuda : public batch_decoder<cuda> {
       }
     }
     const index_t pass = index_t(cuda_detail::heads_per_pass(row));
-    plan p(chunk_tokens_for(tokens * ((g + pass - 1) / pass)));
+    plan p(chunk_tokens_for(tokens * ((g + pass - 1) / pass), tensor_core_rows<KV>(row)));
     std::vector<std::pair<index_t, index_t>> origin;  // per group: sequence, first query head
     for (const head_plan& hp : heads) {
       const sequence<KV>& seq = batch[hp.seq];
@@ -713,11 +713,30 @@ class cuda : public batch_decoder<cuda> {
   // Tokens per chunk for `work` tokens (over all groups and head slices) in one launch:
   // about three chunks per multiprocessor, 256 to 4096 tokens each (a power of two),
   // unless set. On the H200, 2048 beat 512 and 1024 at 128K, batch 1 (docs/cuda-executor.md).
-  std::int32_t chunk_tokens_for(index_t work) const {
+  // Tokens per chunk for `work` (tokens times head passes) of one launch. The SIMT kernel:
+  // about three chunks per multiprocessor (256-4096). The tensor-core kernel (16-bit rows
+  // of 64 or 128, `tensor_cores`) holds two blocks per multiprocessor: the largest power of
+  // two (256-8192) that still gives 0.7 blocks a slot, since a second, partial wave cost
+  // up to 30 % and half-empty slots as much (H200 sweep of FLOE_CUDA_CHUNK,
+  // docs/cuda-executor.md).
+  std::int32_t chunk_tokens_for(index_t work, bool tensor_cores = false) const {
     if (opt_.chunk_tokens) return static_cast<std::int32_t>(opt_.chunk_tokens);
-    index_t want = work / (index_t(multiprocessors_) * 3), cap = 256;
-    while (cap < 4096 && cap * 2 <= want) cap *= 2;
+    index_t cap = 256;
+    if (tensor_cores) {
+      const index_t slots = 2 * index_t(multiprocessors_);
+      cap = 8192;
+      while (cap > 256 && 10 * work < 7 * slots * cap) cap /= 2;
+    } else {
+      const index_t want = work / (index_t(multiprocessors_) * 3);
+      while (cap < 4096 && cap * 2 <= want) cap *= 2;
+    }
     return static_cast<std::int32_t>(cap);
+  }
+  // Whether the exact part of rows of `row` elements of KV runs on tensor cores (when
+  // they are also 16-byte aligned with d = dv; the kernels decide).
+  template <KvView KV>
+  static bool tensor_core_rows(int row) {
+    return sizeof(typename KV::element_type) == 2 && (row == 64 || row == 128);
   }
 
   cuda_options opt_;
