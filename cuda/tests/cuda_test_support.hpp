@@ -10,12 +10,26 @@
 #include <string>
 #include <vector>
 
+#include "floe/core/error.hpp"
 #include "support/random_kv.hpp"
 
 namespace floe::testing {
 
 inline void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// The argument named by the floe::invalid_argument that f throws, when its message holds
+// `text`; otherwise a line that says what came instead.
+template <class F>
+std::string refusal_of(F&& f, const std::string& text) {
+  try {
+    f();
+  } catch (const floe::invalid_argument& e) {
+    if (std::string(e.what()).find(text) != std::string::npos) return e.argument();
+    return e.argument() + " (without \"" + text + "\": " + e.what() + ")";
+  }
+  return "(nothing thrown)";
 }
 
 // A copy of a host array in memory the device can address: pinned host or device.
