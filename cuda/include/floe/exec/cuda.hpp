@@ -710,11 +710,9 @@ class cuda : public batch_decoder<cuda> {
             " holds an index outside [0, ", bad.kv->n(), ") or not above the one before it");
   }
 
-  // Tokens per chunk for `work` tokens (over all groups and head slices) in one launch:
-  // about three chunks per multiprocessor, 256 to 4096 tokens each (a power of two),
-  // unless set. On the H200, 2048 beat 512 and 1024 at 128K, batch 1 (docs/cuda-executor.md).
-  // Tokens per chunk for `work` (tokens times head passes) of one launch. The SIMT kernel:
-  // about three chunks per multiprocessor (256-4096). The tensor-core kernel (16-bit rows
+  // Tokens per chunk for `work` (tokens times head passes) of one launch, unless set. The
+  // SIMT kernel: about three chunks per multiprocessor (256-4096; on the H200 2048 beat 512
+  // and 1024 at 128K, batch 1). The tensor-core kernel (16-bit rows
   // of 64 or 128, `tensor_cores`) holds two blocks per multiprocessor: the largest power of
   // two (256-8192) that still gives 0.7 blocks a slot, since a second, partial wave cost
   // up to 30 % and half-empty slots as much (H200 sweep of FLOE_CUDA_CHUNK,
