@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "floe/exec/cuda/kernel_api.hpp"
 #include "stream.cuh"
@@ -519,31 +520,43 @@ __global__ void __launch_bounds__(block_threads, 8) score_chunks(const run* runs
   }
 }
 
-template <class T, int SLOTS, int HP, int L>
-void attend_as(const launch_args& a) {
-  // Blocks past the chunks check one group's device queries each (a.check non-null).
+// Lets `kernel` take `smem` bytes of dynamic shared memory on `device` (past 48 KiB a
+// kernel must opt in, on each device; the kernels' static arrays count too).
+void allow_smem(const void* kernel, std::size_t smem, int device) {
+  struct allowed {
+    const void* kernel;
+    int device;
+    std::size_t smem;
+  };
+  static thread_local std::vector<allowed> done;
+  for (const allowed& a : done)
+    if (a.kernel == kernel && a.device == device && a.smem >= smem) return;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "shared memory size");
+  done.push_back({kernel, device, smem});
+}
+
+// One launch of a chunk kernel (blocks past the chunks check one group's device queries
+// each, when a.check is set), then the merge of its partials.
+template <int HP, class Kernel>
+void launch_chunks(Kernel* kernel, std::size_t smem, const launch_args& a) {
   const int blocks = a.chunk_count + (a.check ? a.group_count : 0);
   if (blocks > 0) {
-    if (a.all_aligned) {
-      const std::size_t smem = async_smem_bytes<T, SLOTS, HP, L>(a.row, a.row);
-      auto* kernel = attend_chunks_async<T, SLOTS, HP, L>;
-      // Past 48 KiB in all (the merge's static arrays included) a kernel must opt in.
-      static thread_local std::size_t allowed = 32 * 1024;
-      if (smem > allowed) {
-        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "shared memory size");
-        allowed = smem;
-      }
-      kernel<<<blocks, block_threads, smem, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check, a.groups,
-                                                                   a.dv_max, a.work);
-    } else {
-      attend_chunks<T, SLOTS, HP, L><<<blocks, block_threads, 0, current_stream>>>(
-          a.runs, a.chunks, a.chunk_count, a.check, a.groups, a.dv_max, a.work);
-    }
+    if (smem > 0) allow_smem(reinterpret_cast<const void*>(kernel), smem, current_device);
+    kernel<<<blocks, block_threads, smem, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check, a.groups,
+                                                            a.dv_max, a.work);
   }
   check(cudaGetLastError(), "attend kernel launch");
   merge_groups<HP><<<dim3(a.group_count, HP), block_threads, 0, current_stream>>>(a.groups, a.dv_max, a.work,
                                                                                       a.results, a.check);
   check(cudaGetLastError(), "merge kernel launch");
+}
+
+template <class T, int SLOTS, int HP, int L>
+void attend_as(const launch_args& a) {
+  if (a.all_aligned)
+    launch_chunks<HP>(attend_chunks_async<T, SLOTS, HP, L>, async_smem_bytes<T, SLOTS, HP, L>(a.row, a.row), a);
+  else
+    launch_chunks<HP>(attend_chunks<T, SLOTS, HP, L>, 0, a);
 }
 
 template <class T, int SLOTS, int L>
@@ -571,11 +584,9 @@ bool mma_fits(const launch_args& a) {
     return v != nullptr && std::strcmp(v, "simt") == 0;
   }();
   static thread_local int device = -1, major = 0;
-  int now = 0;
-  check(cudaGetDevice(&now), "cudaGetDevice");
-  if (now != device) {
-    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, now), "compute capability");
-    device = now;
+  if (current_device != device) {
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device), "compute capability");
+    device = current_device;
   }
   return !simt && major >= 8 && a.all_aligned && a.row == a.min_row && (a.row == 64 || a.row == 128) &&
          a.heads_pass <= 8;
@@ -583,22 +594,7 @@ bool mma_fits(const launch_args& a) {
 
 template <class T, int D, int HP>
 void attend_mma_as(const launch_args& a) {
-  const int blocks = a.chunk_count + (a.check ? a.group_count : 0);
-  if (blocks > 0) {
-    auto* kernel = attend_chunks_mma<T, D, HP>;
-    const std::size_t smem = mma_smem_bytes<D>();
-    static thread_local bool opted = false;  // past 48 KiB a kernel must opt in
-    if (!opted) {
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "shared memory size");
-      opted = true;
-    }
-    kernel<<<blocks, block_threads, smem, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check, a.groups,
-                                                            a.dv_max, a.work);
-  }
-  check(cudaGetLastError(), "attend kernel launch");
-  merge_groups<HP><<<dim3(a.group_count, HP), block_threads, 0, current_stream>>>(a.groups, a.dv_max, a.work,
-                                                                                      a.results, a.check);
-  check(cudaGetLastError(), "merge kernel launch");
+  launch_chunks<HP>(attend_chunks_mma<T, D, HP>, mma_smem_bytes<D>(), a);
 }
 
 template <class T, int D>
@@ -669,6 +665,7 @@ int device_count() {
 }
 void select_device(int device, void* stream) {
   check(cudaSetDevice(device), "cudaSetDevice");
+  current_device = device;
   current_stream = stream ? static_cast<cudaStream_t>(stream) : cudaStreamPerThread;
   // Keep freed stream-ordered memory in the pool: each call allocates its plan and work
   // there, and returning it to the driver at every synchronize costs a real allocation.

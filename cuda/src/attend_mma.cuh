@@ -3,23 +3,30 @@
 // helpers it shares (run_cursor, find_nonfinite, the cp.async wrappers, stages).
 // docs/cuda-executor.md, "Tensor cores".
 //
-// Each warp folds 16 tokens of a 64-token tile: S = Q K^T and O += P V as mma.sync
-// m16n8k16 with fp32 accumulation, the group's heads as rows 0..7 of A (rows 8..15
-// zero). Q and P are fp32: each is split into 16-bit terms whose sum keeps 22 (fp16: two
-// terms) or 24 (bf16: three) of its bits, one mma per term, so the result keeps fp32's
-// precision. Q is scaled per head by a power of two into fp16's range; P by 2^14, so that
-// small weights stay out of fp16's subnormals.
+// Each warp folds 16 tokens of a 64-token tile as mma.sync m16n8k16 with fp32
+// accumulation, the group's heads (up to 8) as the n = 8 columns: S^T = K Q^T (keys as
+// rows of A) and O^T += V^T P^T (values as rows of A, through ldmatrix.trans), so every
+// row of every mma is real (heads as rows of A would leave 8 of its 16 rows zero, and
+// take twice the mmas and accumulators). P^T's B fragments come from S^T's accumulators
+// by movmatrix. Q and P are fp32: each is split into 16-bit terms whose sum keeps 22
+// (fp16: two terms) or 24 (bf16: three) of its bits, one mma per term, so the result
+// keeps fp32's precision. Q is scaled per head by a power of two into fp16's range; P by
+// 2^14, so that small weights stay out of fp16's subnormals.
 
 // Rows of a tile in shared memory are D + 8 elements apart: 8 rows read by ldmatrix hit
 // 8 different 16-byte bank groups.
 template <int D>
 constexpr int mma_row = D + 8;
 constexpr int mma_tile = 64;  // tokens per tile: 16 per warp
+// Tiles in flight per block, the one folded included: 3 stages (104 KiB at d 128) and two
+// blocks a multiprocessor beat 2 stages and three blocks, and issuing the next tile before
+// the fold instead of after it gained nothing (H200 A/B, docs/cuda-executor.md).
+constexpr int mma_stages = 3;
 constexpr float p_scale = 16384.f;
 
 // The tiles, then per warp the key and value addresses of the 16 rows it copies.
 template <int D>
-constexpr std::size_t mma_tiles_bytes = std::size_t(stages) * mma_tile * 2 * mma_row<D> * 2;
+constexpr std::size_t mma_tiles_bytes = std::size_t(mma_stages) * mma_tile * 2 * mma_row<D> * 2;
 template <int D>
 std::size_t mma_smem_bytes() {
   return mma_tiles_bytes<D> + block_threads / 32 * 16 * 2 * sizeof(void*);
@@ -38,11 +45,11 @@ struct mma_terms<__half> {
     out[0] = *reinterpret_cast<const unsigned*>(&hi);
     out[1] = *reinterpret_cast<const unsigned*>(&lo);
   }
-  __device__ static void mma(float (&c)[4], unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+  __device__ static void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
 template <>
@@ -57,11 +64,11 @@ struct mma_terms<__nv_bfloat16> {
       out[i] = *reinterpret_cast<const unsigned*>(&t);
     }
   }
-  __device__ static void mma(float (&c)[4], unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+  __device__ static void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
 
@@ -76,8 +83,17 @@ __device__ void ldmatrix_x4(unsigned (&r)[4], const void* row) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
+// An 8x8 matrix of 16-bit pairs transposed across the warp (lane (g, t) holds row g,
+// columns 2t and 2t + 1, before and after).
+__device__ unsigned transpose8x8(unsigned x) {
+  unsigned y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // A chunk's partial (as attend_chunks_async writes it) on tensor cores. Lane (g, t) =
-// (lane / 4, lane % 4) holds head g's row of A and the accumulators of head g.
+// (lane / 4, lane % 4) holds head g's query (B of S^T), and scores, weights and outputs of
+// heads 2t and 2t + 1.
 template <class T, int D, int HP>
 __global__ void __launch_bounds__(block_threads) attend_chunks_mma(const run* runs, const chunk* chunks, int chunk_count,
                                                                    unsigned long long* check, const group_desc* groups,
@@ -119,7 +135,7 @@ __global__ void __launch_bounds__(block_threads) attend_chunks_mma(const run* ru
       where[2 * lane] = key, where[2 * lane + 1] = value;
     }
     __syncwarp();
-    T* const stage_mem = tile_mem + (t % stages) * stage_elems;
+    T* const stage_mem = tile_mem + (t % mma_stages) * stage_elems;
 #pragma unroll
     for (int pass = 0; pass < 16 / warp_rows; ++pass) {
       const int sub = lane / per_row, at = pass * warp_rows + sub;
@@ -136,13 +152,13 @@ __global__ void __launch_bounds__(block_threads) attend_chunks_mma(const run* ru
     __syncwarp();  // the addresses are read before the next tile's lookup overwrites them
   };
 #pragma unroll
-  for (int t = 0; t < stages - 1; ++t) {
+  for (int t = 0; t < mma_stages - 1; ++t) {
     if (t < tiles) issue(t);
     commit_async();
   }
 
-  // Head gr's query (scale and log2 e folded in) as A fragments: columns 16 ks + 2 t4 (+1)
-  // and 16 ks + 8 + 2 t4 (+1), scaled by 2^-e into fp16's range, split into terms.
+  // Head gr's query (scale and log2 e folded in) as B fragments: dimensions 16 ks + 2 t4
+  // (+1) and 16 ks + 8 + 2 t4 (+1), scaled by 2^-e into fp16's range, split into terms.
   const bool real = gr < g.heads;
   float qv[KS][4];
   float biggest = 0.f;
@@ -157,89 +173,105 @@ __global__ void __launch_bounds__(block_threads) attend_chunks_mma(const run* ru
   biggest = fmaxf(biggest, __shfl_xor_sync(0xffffffffu, biggest, 1));
   biggest = fmaxf(biggest, __shfl_xor_sync(0xffffffffu, biggest, 2));
   const int e = biggest == 0.f ? 0 : max(-100, min(100, int((__float_as_uint(biggest) >> 23) & 0xff) - 127 - 14));
-  const float down = exp2f(float(-e)), up = exp2f(float(e));
-  unsigned qa[KS][2][NT];
+  const float down = exp2f(float(-e));
+  unsigned qb[KS][2][NT];
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) terms::split(qv[ks][2 * half] * down, qv[ks][2 * half + 1] * down, qa[ks][half]);
-
-  float o[D / 8][4];
+    for (int half = 0; half < 2; ++half) terms::split(qv[ks][2 * half] * down, qv[ks][2 * half + 1] * down, qb[ks][half]);
+  // The scale back of this lane's two heads (held by lanes 8 t4 and 8 t4 + 4).
+  float up[2];
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m = -INFINITY, l = 0.f;  // head gr's running maximum (base 2) and this lane's share of its sum
+  for (int i = 0; i < 2; ++i) up[i] = exp2f(float(__shfl_sync(0xffffffffu, e, 4 * (2 * t4 + i))));
+
+  float o[D / 16][4];  // dimensions 16 jj + gr (0, 1) and + 8 (2, 3), of heads 2 t4 and 2 t4 + 1
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  // Heads 2 t4 and 2 t4 + 1: running maximum (base 2), this lane's share of the sum.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   // ldmatrix addresses: lane l gives row l % 8 of matrix l / 8.
   const int mi = lane / 8, r8 = lane % 8;
-  const int key_row = warp * 16 + (mi / 2) * 8 + r8, key_col = (mi % 2) * 8;
-  const int value_row = warp * 16 + (mi % 2) * 8 + r8, value_col = (mi / 2) * 8;
+  const int key_row = warp * 16 + (mi % 2) * 8 + r8, key_col = (mi / 2) * 8;
+  const int value_row = warp * 16 + (mi / 2) * 8 + r8, value_col = (mi % 2) * 8;
 
   for (int t = 0; t < tiles; ++t) {
-    wait_async<stages - 2>();
+    wait_async<mma_stages - 2>();
     __syncthreads();
-    const T* keys = tile_mem + (t % stages) * stage_elems;
+    const T* keys = tile_mem + (t % mma_stages) * stage_elems;
     const T* values = keys + mma_tile * R;
-    float s[2][4] = {};
+    float s[2][4] = {};  // two chains (even and odd ks), summed after
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
-      unsigned kb[4];
-      ldmatrix_x4<false>(kb, keys + key_row * R + 16 * ks + key_col);
+      unsigned ka[4];
+      ldmatrix_x4<false>(ka, keys + key_row * R + 16 * ks + key_col);
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        terms::mma(s[0], qa[ks][0][n], qa[ks][1][n], kb[0], kb[1]);
-        terms::mma(s[1], qa[ks][0][n], qa[ks][1][n], kb[2], kb[3]);
-      }
+      for (int n = 0; n < NT; ++n) terms::mma(s[ks % 2], ka, qb[ks][0][n], qb[ks][1][n]);
     }
-    // Head gr's scores of tokens 8 nt + 2 t4 (+1) of this warp's 16; past the chunk: -inf.
-    const int first = t * mma_tile + warp * 16 + 2 * t4;
+    // Scores of tokens gr (0, 1) and gr + 8 (2, 3) of this warp's 16, heads 2 t4 (0, 2) and
+    // 2 t4 + 1 (1, 3); past the chunk: -inf.
+    const int first = t * mma_tile + warp * 16 + gr;
     float z[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) z[i] = first + (i / 2) * 8 + i % 2 < c.tokens ? s[i / 2][i % 2] * up : -INFINITY;
-    float top = fmaxf(fmaxf(z[0], z[1]), fmaxf(z[2], z[3]));
-    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
-    const float next = fmaxf(m, top);
-    const float r = next == m ? 1.f : exp2f(m - next);  // m = -inf, next finite: 0
+    for (int i = 0; i < 4; ++i) z[i] = first + (i / 2) * 8 < c.tokens ? (s[0][i] + s[1][i]) * up[i % 2] : -INFINITY;
     float p[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = next == -INFINITY ? 0.f : exp2f(z[i] - next);
-    l = l * r + (p[0] + p[1]) + (p[2] + p[3]);
-    m = next;
-    if (__any_sync(0xffffffffu, r != 1.f)) {
+    for (int h = 0; h < 2; ++h) {
+      float top = fmaxf(z[h], z[2 + h]);
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 4));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 8));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 16));
+      const float next = fmaxf(m[h], top);
+      const float r = next == m[h] ? 1.f : exp2f(m[h] - next);  // m = -inf, next finite: 0
+      p[h] = next == -INFINITY ? 0.f : exp2f(z[h] - next);
+      p[2 + h] = next == -INFINITY ? 0.f : exp2f(z[2 + h] - next);
+      l[h] = l[h] * r + (p[h] + p[2 + h]);
+      m[h] = next;
+      if (__any_sync(0xffffffffu, r != 1.f)) {
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) o[j][0] *= r, o[j][1] *= r;
-    }
-    unsigned pa[2][NT];  // P's A fragments: tokens 2 t4 (+1), then 8 + 2 t4 (+1)
-    terms::split(p[0] * p_scale, p[1] * p_scale, pa[0]);
-    terms::split(p[2] * p_scale, p[3] * p_scale, pa[1]);
-#pragma unroll
-    for (int jj = 0; jj < D / 16; ++jj) {
-      unsigned vb[4];
-      ldmatrix_x4<true>(vb, values + value_row * R + 16 * jj + value_col);
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        terms::mma(o[2 * jj], pa[0][n], pa[1][n], vb[0], vb[1]);
-        terms::mma(o[2 * jj + 1], pa[0][n], pa[1][n], vb[2], vb[3]);
+        for (int j = 0; j < D / 16; ++j) o[j][h] *= r, o[j][2 + h] *= r;
       }
     }
-    if (t + stages - 1 < tiles) issue(t + stages - 1);  // into the stage folded one step ago
+    // P^T's B fragments: head gr's weights of tokens 2 t4 (+1), then 8 + 2 t4 (+1).
+    unsigned pt[2][NT], pb[2][NT];
+    terms::split(p[0] * p_scale, p[1] * p_scale, pt[0]);
+    terms::split(p[2] * p_scale, p[3] * p_scale, pt[1]);
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) pb[half][n] = transpose8x8(pt[half][n]);
+#pragma unroll
+    for (int jj = 0; jj < D / 16; ++jj) {
+      unsigned va[4];
+      ldmatrix_x4<true>(va, values + value_row * R + 16 * jj + value_col);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) terms::mma(o[jj], va, pb[0][n], pb[1][n]);
+    }
+    if (t + mma_stages - 1 < tiles) issue(t + mma_stages - 1);  // into the stage folded one step ago
     commit_async();
   }
   wait_async<0>();
   __syncthreads();  // every fold is done before the tiles' memory holds the merge
 
   // The four warps' states merged through shared memory, as subgroup_state::store does.
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  float* sm_m = reinterpret_cast<float*>(smem);
-  float* sm_l = sm_m + 4 * 8;
-  float* sm_o = sm_l + 4 * 8;  // [warp][head][D]
-  if (gr < HP) {
-    if (t4 == 0) sm_m[warp * 8 + gr] = m, sm_l[warp * 8 + gr] = l;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      sm_o[(warp * 8 + gr) * D + 8 * j + 2 * t4] = o[j][0];
-      sm_o[(warp * 8 + gr) * D + 8 * j + 2 * t4 + 1] = o[j][1];
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 4);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 8);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 16);
+  }
+  float* sm_m = reinterpret_cast<float*>(smem);
+  float* sm_l = sm_m + 4 * HP;
+  float* sm_o = sm_l + 4 * HP;  // [warp][head][D]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = 2 * t4 + h;
+    if (head >= HP) continue;
+    if (gr == 0) sm_m[warp * HP + head] = m[h], sm_l[warp * HP + head] = l[h];
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      sm_o[(warp * HP + head) * D + 16 * j + gr] = o[j][h];
+      sm_o[(warp * HP + head) * D + 16 * j + 8 + gr] = o[j][2 + h];
     }
   }
   __syncthreads();
@@ -247,13 +279,13 @@ __global__ void __launch_bounds__(block_threads) attend_chunks_mma(const run* ru
   for (int idx = threadIdx.x; idx < g.heads * D; idx += block_threads) {
     const int h = idx / D, j = idx % D;
     float mm = -INFINITY;
-    for (int w = 0; w < 4; ++w) mm = fmaxf(mm, sm_m[w * 8 + h]);
+    for (int w = 0; w < 4; ++w) mm = fmaxf(mm, sm_m[w * HP + h]);
     float ll = 0.f, aa = 0.f;
     for (int w = 0; w < 4; ++w) {
-      if (sm_m[w * 8 + h] == -INFINITY) continue;  // a warp that saw no token
-      const float scale = exp2f(sm_m[w * 8 + h] - mm);
-      ll += scale * sm_l[w * 8 + h];
-      aa += scale * sm_o[(w * 8 + h) * D + j];
+      if (sm_m[w * HP + h] == -INFINITY) continue;  // a warp that saw no token
+      const float scale = exp2f(sm_m[w * HP + h] - mm);
+      ll += scale * sm_l[w * HP + h];
+      aa += scale * sm_o[(w * HP + h) * D + j];
     }
     if (j == 0) out[h] = mm * ln2, out[HP + h] = ll;
     out[2 * HP + h * dv_max + j] = aa * (1.f / p_scale);

@@ -11,6 +11,7 @@ namespace floe::cuda_detail {
 
 // The stream of the calling thread's current executor call (select_device sets it).
 inline thread_local cudaStream_t current_stream = cudaStreamPerThread;
+inline thread_local int current_device = 0;
 
 inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw cuda_error(std::string(what) + ": " + cudaGetErrorString(e));
