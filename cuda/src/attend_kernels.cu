@@ -146,6 +146,28 @@ __device__ void find_nonfinite(const group_desc* groups, int group, unsigned lon
   }
 }
 
+// A block's `parts` partial states merged into the chunk's partial at `out` (m in natural
+// units): part p's maximum (base 2) and sum of head h at m[p * HP + h] and l[...], its
+// output element j at a[(p * HP + h) * a_row + j], scaled by a_scale.
+template <int HP>
+__device__ void merge_states(int heads, int dv, int parts, const float* m, const float* l, const float* a, int a_row,
+                             float a_scale, int dv_max, float* out) {
+  for (int idx = threadIdx.x; idx < heads * dv; idx += block_threads) {
+    const int h = idx / dv, j = idx % dv;
+    float mm = -INFINITY;
+    for (int p = 0; p < parts; ++p) mm = fmaxf(mm, m[p * HP + h]);
+    float ll = 0.f, aa = 0.f;
+    for (int p = 0; p < parts; ++p) {
+      if (m[p * HP + h] == -INFINITY) continue;  // a part that saw no token
+      const float r = exp2f(m[p * HP + h] - mm);
+      ll += r * l[p * HP + h];
+      aa += r * a[(p * HP + h) * a_row + j];
+    }
+    if (j == 0) out[h] = mm * ln2, out[HP + h] = ll;
+    out[2 * HP + h * dv_max + j] = aa * a_scale;
+  }
+}
+
 // The online-softmax state of one subgroup over the group's heads (base 2), with this
 // lane's slice of the scaled queries and of the value accumulators.
 template <class T, int SLOTS, int HP, int L>
@@ -230,20 +252,7 @@ struct subgroup_state {
         for (int t = 0; t < V; ++t) sm_a[(sub * HP + h) * row + element_of<T, L>(s, lane, t)] = acc[h][s * V + t];
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < g.heads * g.dv; idx += block_threads) {
-      const int h = idx / g.dv, j = idx % g.dv;
-      float mm = -INFINITY;
-      for (int s = 0; s < subgroups; ++s) mm = fmaxf(mm, sm_m[s][h]);
-      float ll = 0.f, aa = 0.f;
-      for (int s = 0; s < subgroups; ++s) {
-        if (sm_m[s][h] == -INFINITY) continue;  // a subgroup that saw no token
-        const float r = exp2f(sm_m[s][h] - mm);
-        ll += r * sm_l[s][h];
-        aa += r * sm_a[(s * HP + h) * row + j];
-      }
-      if (j == 0) out[h] = mm * ln2, out[HP + h] = ll;
-      out[2 * HP + h * dv_max + j] = aa;
-    }
+    merge_states<HP>(g.heads, g.dv, subgroups, &sm_m[0][0], &sm_l[0][0], sm_a, row, 1.f, dv_max, out);
   }
 };
 

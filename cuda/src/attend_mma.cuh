@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(block_threads) attend_chunks_mma(const run* ru
   wait_async<0>();
   __syncthreads();  // every fold is done before the tiles' memory holds the merge
 
-  // The four warps' states merged through shared memory, as subgroup_state::store does.
+  // The four warps' states merged through shared memory (merge_states).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 4);
@@ -275,21 +275,8 @@ __global__ void __launch_bounds__(block_threads) attend_chunks_mma(const run* ru
     }
   }
   __syncthreads();
-  float* out = work + static_cast<std::int64_t>(blockIdx.x) * HP * (2 + dv_max);
-  for (int idx = threadIdx.x; idx < g.heads * D; idx += block_threads) {
-    const int h = idx / D, j = idx % D;
-    float mm = -INFINITY;
-    for (int w = 0; w < 4; ++w) mm = fmaxf(mm, sm_m[w * HP + h]);
-    float ll = 0.f, aa = 0.f;
-    for (int w = 0; w < 4; ++w) {
-      if (sm_m[w * HP + h] == -INFINITY) continue;  // a warp that saw no token
-      const float scale = exp2f(sm_m[w * HP + h] - mm);
-      ll += scale * sm_l[w * HP + h];
-      aa += scale * sm_o[(w * HP + h) * D + j];
-    }
-    if (j == 0) out[h] = mm * ln2, out[HP + h] = ll;
-    out[2 * HP + h * dv_max + j] = aa * (1.f / p_scale);
-  }
+  merge_states<HP>(g.heads, D, 4, sm_m, sm_l, sm_o, D, 1.f / p_scale, dv_max,
+                   work + static_cast<std::int64_t>(blockIdx.x) * HP * (2 + dv_max));
 #else
   __trap();  // launched only on compute capability 8.0 and newer (mma_fits)
 #endif
