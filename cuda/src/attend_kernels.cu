@@ -586,8 +586,9 @@ int slots_for(int row) {
 }
 
 // The tensor-core kernel takes 16-bit rows of d = dv = 64 or 128 in every group, 16-byte
-// aligned, on compute capability 8.0 or newer, unless FLOE_CUDA_ATTEND=simt.
-bool mma_fits(const launch_args& a) {
+// aligned, on compute capability 8.0 or newer, unless FLOE_CUDA_ATTEND=simt (so do the
+// tensor-core scores).
+bool mma_fits(bool all_aligned, int row, int min_row, int heads_pass) {
   static const bool simt = [] {
     const char* v = std::getenv("FLOE_CUDA_ATTEND");
     return v != nullptr && std::strcmp(v, "simt") == 0;
@@ -597,13 +598,12 @@ bool mma_fits(const launch_args& a) {
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device), "compute capability");
     device = current_device;
   }
-  return !simt && major >= 8 && a.all_aligned && a.row == a.min_row && (a.row == 64 || a.row == 128) &&
-         a.heads_pass <= 8;
+  return !simt && major >= 8 && all_aligned && row == min_row && (row == 64 || row == 128) && heads_pass <= 8;
 }
 
 template <class T, int D, int HP>
 void attend_mma_as(const launch_args& a) {
-  launch_chunks<HP>(attend_chunks_mma<T, D, HP>, mma_smem_bytes<D>(), a);
+  launch_chunks<HP>(attend_chunks_mma<T, D, HP>, tile_copier<T, D, true>::smem_bytes, a);
 }
 
 template <class T, int D>
@@ -616,7 +616,7 @@ void attend_mma_rows(const launch_args& a) {
 template <class T>
 void attend_type(const launch_args& a) {
   if constexpr (vec_of<T> == 8) {
-    if (mma_fits(a)) return a.row == 64 ? attend_mma_rows<T, 64>(a) : attend_mma_rows<T, 128>(a);
+    if (mma_fits(a.all_aligned, a.row, a.min_row, a.heads_pass)) return a.row == 64 ? attend_mma_rows<T, 64>(a) : attend_mma_rows<T, 128>(a);
   }
   if constexpr (vec_of<T> == 8) {
     if (a.row <= 64) return attend_slots<T, 1, 8>(a);  // 8 lanes of 16 bytes hold the row
@@ -638,6 +638,8 @@ struct score_args {
   unsigned long long* bad_key;
   int blocks;  // chunk_count, and one per group to check
   int slices;  // blocks per chunk
+  bool all_aligned;
+  int min_row;
 };
 
 template <class T, int SLOTS>
@@ -652,9 +654,27 @@ void score_slots(const score_args& a) {
   else throw cuda_error("no score kernel for 8 heads a pass at rows over 128");
 }
 
+// Tensor-core scores: about 1024 blocks in all (two waves of four a multiprocessor on an
+// H200), a chunk split in up to 8, each block pipelining its slice through the stages.
+template <class T, int D>
+void score_mma(const score_args& a) {
+  auto* kernel = score_chunks_mma<T, D>;
+  const std::size_t smem = tile_copier<T, D, false>::smem_bytes;
+  allow_smem(reinterpret_cast<const void*>(kernel), smem, current_device);
+  const int slices = std::clamp((1024 + a.chunk_count - 1) / std::max(a.chunk_count, 1), 1, 8);
+  kernel<<<dim3(a.blocks, slices), block_threads, smem, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check,
+                                                                          a.groups, a.z, a.bad_key);
+}
+
 template <class T>
 void score_type(int row, const score_args& a) {
   if (a.blocks == 0) return;
+  if constexpr (vec_of<T> == 8) {
+    if (mma_fits(a.all_aligned, row, a.min_row, a.heads_pass)) {
+      row == 64 ? score_mma<T, 64>(a) : score_mma<T, 128>(a);
+      return check(cudaGetLastError(), "score kernel launch");
+    }
+  }
   const int slots = slots_for<T>(row);
   if (slots == 1) score_slots<T, 1>(a);
   else if (slots == 2) score_slots<T, 2>(a);
@@ -746,11 +766,11 @@ int multiprocessors(int device) {
 
 void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
                   const group_desc* groups, float* z, unsigned long long* check, int group_count,
-                  unsigned long long* bad_key) {
+                  unsigned long long* bad_key, bool all_aligned, int min_row) {
   // About 4096 blocks in all (31 per multiprocessor of an H200), a chunk split in up to 8.
   const int slices = std::clamp((4096 + chunk_count - 1) / std::max(chunk_count, 1), 1, 8);
   const score_args a{heads_pass, runs,  chunks, chunk_count, groups, z, check, bad_key,
-                     chunk_count + (check ? group_count : 0), slices};
+                     chunk_count + (check ? group_count : 0), slices, all_aligned, min_row};
   switch (type) {
     case element::f32: return score_type<float>(row, a);
     case element::f16: return score_type<__half>(row, a);

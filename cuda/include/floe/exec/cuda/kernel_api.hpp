@@ -92,10 +92,11 @@ int multiprocessors(int device);
 // nullable, preset to ~0): the launch also checks groups[0, group_count)'s device
 // queries into it, as launch_args::check does. `bad_key` (device, nullable, preset to
 // ~0): receives the lowest group << 40 | token whose score is NaN or +Inf (a NaN or Inf
-// in its key, or an overflow), which decode_bad_key unpacks.
+// in its key, or an overflow), which decode_bad_key unpacks. all_aligned and min_row as in
+// launch_args: 16-bit rows of d = 64 or 128 are then scored on tensor cores.
 void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
                   const group_desc* groups, float* z, unsigned long long* check = nullptr, int group_count = 0,
-                  unsigned long long* bad_key = nullptr);
+                  unsigned long long* bad_key = nullptr, bool all_aligned = false, int min_row = 0);
 
 // For each of `groups` groups g, the k heaviest (0 < k < n) of w_i = sum_h exp(z_hi -
 // m_h) / l_h, each head's softmax over its n scores (z: device, [groups, heads, n]):
