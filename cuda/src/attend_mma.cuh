@@ -1,7 +1,7 @@
-// The exact part on tensor cores, for 16-bit rows of d = dv = D (64 or 128), 16-byte
-// aligned: included by attend_kernels.cu inside its anonymous namespace, after the
-// helpers it shares (run_cursor, find_nonfinite, the cp.async wrappers, stages).
-// docs/cuda-executor.md, "Tensor cores".
+// The exact part and the group's scores on tensor cores, for 16-bit rows of d = dv = D
+// (64 or 128), 16-byte aligned: included by attend_kernels.cu inside its anonymous
+// namespace, after the helpers it shares (run_cursor, find_nonfinite, the cp.async
+// wrappers). docs/cuda-executor.md, "Tensor cores".
 //
 // Each warp folds 16 tokens of a 64-token tile as mma.sync m16n8k16 with fp32
 // accumulation, the group's heads (up to 8) as the n = 8 columns: S^T = K Q^T (keys as
@@ -23,7 +23,6 @@ constexpr int mma_tile = 64;  // tokens per tile: 16 per warp
 // the fold instead of after it gained nothing (H200 A/B, docs/cuda-executor.md).
 constexpr int mma_stages = 3;
 constexpr float p_scale = 16384.f;
-
 
 template <class T>
 struct mma_terms;
