@@ -95,7 +95,7 @@ namespace {
 // 16-bit rows of d = dv = 64 or 128 run on tensor cores, the fp32 query split into 16-bit
 // terms after a per-head power-of-two scaling: queries far outside fp16's range (1e6:
 // one-hot weights) or deep in its subnormals (1e-7: near-uniform weights) keep fp32's
-// result.
+// result, for attend and for the scores that rank tokens.
 template <class T>
 void extreme_queries(std::uint64_t salt) {
   INFO("seed " << ft::seed() << " type " << floe::element_name<T>());
@@ -113,14 +113,29 @@ void extreme_queries(std::uint64_t salt) {
       ex.attend(dev.view(), q, std::vector<token_range>{{0, 3000}}, got);
       floe::exec::scalar{}.attend(host.view(), q, std::vector<token_range>{{0, 3000}}, want);
       REQUIRE(ft::max_relative_error(got, want) <= 1e-5);
+      // The score kernel splits and scales the query the same way: every head's scores,
+      // within 1e-5 of s * sum_t |q_t k_t| (a dot product's rounding scales with its terms).
+      std::vector<float> z(3000), zr(3000);
+      for (index_t head = 0; head < 4; ++head) {
+        std::fill(z.begin(), z.end(), std::nanf(""));
+        ex.score(dev.view(), q, head, {0, 3000}, z.data());
+        floe::exec::scalar{}.score(host.view(), q, head, {0, 3000}, zr.data());
+        for (index_t i = 0; i < 3000; ++i) {
+          double terms = 0;
+          for (index_t t = 0; t < d; ++t)
+            terms += std::abs(double(q.row(head)[t]) * floe::to_float(host.view().key_row(i)[t]));
+          INFO("head " << head << " token " << i << " score " << z[i] << " reference " << zr[i] << " terms " << terms * q.scale);
+          REQUIRE(std::abs(double(z[i]) - zr[i]) <= 1e-5 * terms * q.scale);
+        }
+      }
     }
 }
 }  // namespace
 
-TEST_CASE("cuda attend keeps fp32 precision for very large and very small queries (half)", "[cuda]") {
+TEST_CASE("cuda attend and score keep fp32 precision for very large and very small queries (half)", "[cuda]") {
   extreme_queries<floe::half>(4);
 }
-TEST_CASE("cuda attend keeps fp32 precision for very large and very small queries (bfloat16)", "[cuda]") {
+TEST_CASE("cuda attend and score keep fp32 precision for very large and very small queries (bfloat16)", "[cuda]") {
   extreme_queries<floe::bfloat16>(5);
 }
 
