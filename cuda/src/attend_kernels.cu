@@ -764,17 +764,15 @@ int multiprocessors(int device) {
   return n;
 }
 
-void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
-                  const group_desc* groups, float* z, unsigned long long* check, int group_count,
-                  unsigned long long* bad_key, bool all_aligned, int min_row) {
+void launch_score(const score_launch_args& l) {
   // About 4096 blocks in all (31 per multiprocessor of an H200), a chunk split in up to 8.
-  const int slices = std::clamp((4096 + chunk_count - 1) / std::max(chunk_count, 1), 1, 8);
-  const score_args a{heads_pass, runs,  chunks, chunk_count, groups, z, check, bad_key,
-                     chunk_count + (check ? group_count : 0), slices, all_aligned, min_row};
-  switch (type) {
-    case element::f32: return score_type<float>(row, a);
-    case element::f16: return score_type<__half>(row, a);
-    case element::bf16: return score_type<__nv_bfloat16>(row, a);
+  const int slices = std::clamp((4096 + l.chunk_count - 1) / std::max(l.chunk_count, 1), 1, 8);
+  const score_args a{l.heads_pass, l.runs,    l.chunks, l.chunk_count, l.groups, l.z, l.check, l.bad_key,
+                     l.chunk_count + (l.check ? l.group_count : 0), slices, l.all_aligned, l.min_row};
+  switch (l.type) {
+    case element::f32: return score_type<float>(l.row, a);
+    case element::f16: return score_type<__half>(l.row, a);
+    case element::bf16: return score_type<__nv_bfloat16>(l.row, a);
   }
 }
 

@@ -80,9 +80,10 @@ class cuda : public batch_decoder<cuda> {
     p.add_group(kv, std::span<const token_range>(&r, 1), desc, nullptr, 0, at);
     device_block mem(p.device_bytes(r.size()));
     p.upload(mem);
-    cuda_detail::launch_score(element_of<KV>(), row_of(kv), 1, p.runs_on(mem), p.chunks_on(mem),
-                              static_cast<int>(p.chunks.size()), p.groups_on(mem), p.results_on(mem), nullptr, 0, nullptr,
-                              p.all_aligned, p.min_row);
+    cuda_detail::launch_score({.type = element_of<KV>(), .row = row_of(kv), .heads_pass = 1, .runs = p.runs_on(mem),
+                               .chunks = p.chunks_on(mem), .chunk_count = static_cast<int>(p.chunks.size()),
+                               .groups = p.groups_on(mem), .z = p.results_on(mem), .all_aligned = p.all_aligned,
+                               .min_row = p.min_row});
     cuda_detail::to_host(z, p.results_on(mem), r.size() * sizeof(float));
     cuda_detail::synchronize();
   }
@@ -529,9 +530,11 @@ class cuda : public batch_decoder<cuda> {
     device_block mem(p.device_bytes(0));
     p.upload(mem);
     unsigned long long* flag = p.flag_on(mem);
-    cuda_detail::launch_score(element_of<KV>(), widest_row(kv_heads), pass_template(p.max_heads), p.runs_on(mem), p.chunks_on(mem),
-                              static_cast<int>(p.chunks.size()), p.groups_on(mem), nullptr, check_queries ? flag : nullptr,
-                              static_cast<int>(p.groups.size()), flag + 1, p.all_aligned, p.min_row);
+    cuda_detail::launch_score({.type = element_of<KV>(), .row = widest_row(kv_heads), .heads_pass = pass_template(p.max_heads),
+                               .runs = p.runs_on(mem), .chunks = p.chunks_on(mem),
+                               .chunk_count = static_cast<int>(p.chunks.size()), .groups = p.groups_on(mem),
+                               .check = check_queries ? flag : nullptr, .group_count = static_cast<int>(p.groups.size()),
+                               .bad_key = flag + 1, .all_aligned = p.all_aligned, .min_row = p.min_row});
     for (const auto& [a, b] : chains)
       cuda_detail::launch_group_top_k(z + z_at[a], static_cast<int>(heads), std::int64_t(kv_heads[a].n()),
                                       std::int64_t(k), work.p + z_bytes, chosen + a * k, static_cast<int>(b - a), flag);

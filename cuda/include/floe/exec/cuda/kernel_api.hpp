@@ -94,9 +94,21 @@ int multiprocessors(int device);
 // ~0): receives the lowest group << 40 | token whose score is NaN or +Inf (a NaN or Inf
 // in its key, or an overflow), which decode_bad_key unpacks. all_aligned and min_row as in
 // launch_args: 16-bit rows of d = 64 or 128 are then scored on tensor cores.
-void launch_score(element type, int row, int heads_pass, const run* runs, const chunk* chunks, int chunk_count,
-                  const group_desc* groups, float* z, unsigned long long* check = nullptr, int group_count = 0,
-                  unsigned long long* bad_key = nullptr, bool all_aligned = false, int min_row = 0);
+struct score_launch_args {
+  element type;
+  int row, heads_pass;
+  const run* runs;
+  const chunk* chunks;
+  int chunk_count;
+  const group_desc* groups;
+  float* z = nullptr;
+  unsigned long long* check = nullptr;
+  int group_count = 0;
+  unsigned long long* bad_key = nullptr;
+  bool all_aligned = false;
+  int min_row = 0;
+};
+void launch_score(const score_launch_args& args);
 
 // For each of `groups` groups g, the k heaviest (0 < k < n) of w_i = sum_h exp(z_hi -
 // m_h) / l_h, each head's softmax over its n scores (z: device, [groups, heads, n]):
