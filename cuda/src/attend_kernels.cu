@@ -548,30 +548,30 @@ void allow_smem(const void* kernel, std::size_t smem, int device) {
 // each, when a.check is set), then the merge of its partials.
 template <int HP, class Kernel>
 void launch_chunks(Kernel* kernel, std::size_t smem, const launch_args& a) {
-  const int blocks = a.chunk_count + (a.check ? a.group_count : 0);
+  const int blocks = a.plan.chunk_count + (a.check ? a.plan.group_count : 0);
   if (blocks > 0) {
     if (smem > 0) allow_smem(reinterpret_cast<const void*>(kernel), smem, current_device);
-    kernel<<<blocks, block_threads, smem, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check, a.groups,
+    kernel<<<blocks, block_threads, smem, current_stream>>>(a.plan.runs, a.plan.chunks, a.plan.chunk_count, a.check, a.plan.groups,
                                                             a.dv_max, a.work);
   }
   check(cudaGetLastError(), "attend kernel launch");
-  merge_groups<HP><<<dim3(a.group_count, HP), block_threads, 0, current_stream>>>(a.groups, a.dv_max, a.work,
+  merge_groups<HP><<<dim3(a.plan.group_count, HP), block_threads, 0, current_stream>>>(a.plan.groups, a.dv_max, a.work,
                                                                                       a.results, a.check);
   check(cudaGetLastError(), "merge kernel launch");
 }
 
 template <class T, int SLOTS, int HP, int L>
 void attend_as(const launch_args& a) {
-  if (a.all_aligned)
-    launch_chunks<HP>(attend_chunks_async<T, SLOTS, HP, L>, async_smem_bytes<T, SLOTS, HP, L>(a.row, a.row), a);
+  if (a.plan.all_aligned)
+    launch_chunks<HP>(attend_chunks_async<T, SLOTS, HP, L>, async_smem_bytes<T, SLOTS, HP, L>(a.plan.row, a.plan.row), a);
   else
     launch_chunks<HP>(attend_chunks<T, SLOTS, HP, L>, 0, a);
 }
 
 template <class T, int SLOTS, int L>
 void attend_slots(const launch_args& a) {
-  if (a.heads_pass == 1) attend_as<T, SLOTS, 1, L>(a);
-  else if (a.heads_pass == 4) attend_as<T, SLOTS, 4, L>(a);
+  if (a.plan.heads_pass == 1) attend_as<T, SLOTS, 1, L>(a);
+  else if (a.plan.heads_pass == 4) attend_as<T, SLOTS, 4, L>(a);
   else if constexpr (SLOTS * vec_of<T> <= 8)  // 8 heads a pass only while the registers hold them
     attend_as<T, SLOTS, 8, L>(a);
   else
@@ -608,48 +608,37 @@ void attend_mma_as(const launch_args& a) {
 
 template <class T, int D>
 void attend_mma_rows(const launch_args& a) {
-  if (a.heads_pass == 1) attend_mma_as<T, D, 1>(a);
-  else if (a.heads_pass == 4) attend_mma_as<T, D, 4>(a);
+  if (a.plan.heads_pass == 1) attend_mma_as<T, D, 1>(a);
+  else if (a.plan.heads_pass == 4) attend_mma_as<T, D, 4>(a);
   else attend_mma_as<T, D, 8>(a);
 }
 
 template <class T>
 void attend_type(const launch_args& a) {
   if constexpr (vec_of<T> == 8) {
-    if (mma_fits(a.all_aligned, a.row, a.min_row, a.heads_pass)) return a.row == 64 ? attend_mma_rows<T, 64>(a) : attend_mma_rows<T, 128>(a);
+    if (mma_fits(a.plan.all_aligned, a.plan.row, a.plan.min_row, a.plan.heads_pass)) return a.plan.row == 64 ? attend_mma_rows<T, 64>(a) : attend_mma_rows<T, 128>(a);
   }
   if constexpr (vec_of<T> == 8) {
-    if (a.row <= 64) return attend_slots<T, 1, 8>(a);  // 8 lanes of 16 bytes hold the row
+    if (a.plan.row <= 64) return attend_slots<T, 1, 8>(a);  // 8 lanes of 16 bytes hold the row
   }
-  const int slots = slots_for<T>(a.row);
+  const int slots = slots_for<T>(a.plan.row);
   if (slots == 1) attend_slots<T, 1, 16>(a);
   else if (slots == 2) attend_slots<T, 2, 16>(a);
   else if constexpr (vec_of<T> == 4) attend_slots<T, 4, 16>(a);
 }
 
-struct score_args {
-  int heads_pass;
-  const run* runs;
-  const chunk* chunks;
-  int chunk_count;
-  const group_desc* groups;
-  float* z;
-  unsigned long long* check;
-  unsigned long long* bad_key;
-  int blocks;  // chunk_count, and one per group to check
-  int slices;  // blocks per chunk
-  bool all_aligned;
-  int min_row;
-};
+// Blocks of a score launch along x: the chunks, and one per group to check.
+int score_blocks(const score_launch_args& a) { return a.plan.chunk_count + (a.check ? a.plan.group_count : 0); }
 
 template <class T, int SLOTS>
-void score_slots(const score_args& a) {
+void score_slots(const score_launch_args& a, int slices) {
   auto launch = [&](auto kernel) {
-    kernel<<<dim3(a.blocks, a.slices), block_threads, 0, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check,
-                                                                          a.groups, a.z, a.bad_key);
+    kernel<<<dim3(score_blocks(a), slices), block_threads, 0, current_stream>>>(a.plan.runs, a.plan.chunks,
+                                                                               a.plan.chunk_count, a.check,
+                                                                               a.plan.groups, a.z, a.bad_key);
   };
-  if (a.heads_pass == 1) launch(score_chunks<T, SLOTS, 1>);
-  else if (a.heads_pass == 4) launch(score_chunks<T, SLOTS, 4>);
+  if (a.plan.heads_pass == 1) launch(score_chunks<T, SLOTS, 1>);
+  else if (a.plan.heads_pass == 4) launch(score_chunks<T, SLOTS, 4>);
   else if constexpr (SLOTS * vec_of<T> <= 8) launch(score_chunks<T, SLOTS, 8>);
   else throw cuda_error("no score kernel for 8 heads a pass at rows over 128");
 }
@@ -657,28 +646,29 @@ void score_slots(const score_args& a) {
 // Tensor-core scores: about 1024 blocks in all (two waves of four a multiprocessor on an
 // H200), a chunk split in up to 8, each block pipelining its slice through the stages.
 template <class T, int D>
-void score_mma(const score_args& a) {
+void score_mma(const score_launch_args& a) {
   auto* kernel = score_chunks_mma<T, D>;
   const std::size_t smem = tile_copier<T, D, false>::smem_bytes;
   allow_smem(reinterpret_cast<const void*>(kernel), smem, current_device);
-  const int slices = std::clamp((1024 + a.chunk_count - 1) / std::max(a.chunk_count, 1), 1, 8);
-  kernel<<<dim3(a.blocks, slices), block_threads, smem, current_stream>>>(a.runs, a.chunks, a.chunk_count, a.check,
-                                                                          a.groups, a.z, a.bad_key);
+  const int slices = std::clamp((1024 + a.plan.chunk_count - 1) / std::max(a.plan.chunk_count, 1), 1, 8);
+  kernel<<<dim3(score_blocks(a), slices), block_threads, smem, current_stream>>>(
+      a.plan.runs, a.plan.chunks, a.plan.chunk_count, a.check, a.plan.groups, a.z, a.bad_key);
 }
 
 template <class T>
-void score_type(int row, const score_args& a) {
-  if (a.blocks == 0) return;
+void score_type(const score_launch_args& a, int slices) {
+  if (score_blocks(a) == 0) return;
+  const int row = a.plan.row;
   if constexpr (vec_of<T> == 8) {
-    if (mma_fits(a.all_aligned, row, a.min_row, a.heads_pass)) {
+    if (mma_fits(a.plan.all_aligned, row, a.plan.min_row, a.plan.heads_pass)) {
       row == 64 ? score_mma<T, 64>(a) : score_mma<T, 128>(a);
       return check(cudaGetLastError(), "score kernel launch");
     }
   }
   const int slots = slots_for<T>(row);
-  if (slots == 1) score_slots<T, 1>(a);
-  else if (slots == 2) score_slots<T, 2>(a);
-  else if constexpr (vec_of<T> == 4) score_slots<T, 4>(a);
+  if (slots == 1) score_slots<T, 1>(a, slices);
+  else if (slots == 2) score_slots<T, 2>(a, slices);
+  else if constexpr (vec_of<T> == 4) score_slots<T, 4>(a, slices);
   check(cudaGetLastError(), "score kernel launch");
 }
 
@@ -751,7 +741,7 @@ nonfinite_query decode_nonfinite(unsigned long long first) {
 
 void launch_attend(const launch_args& a) {
   // Kernels launch on the call's stream, the one the copies above use.
-  switch (a.type) {
+  switch (a.plan.type) {
     case element::f32: return attend_type<float>(a);
     case element::f16: return attend_type<__half>(a);
     case element::bf16: return attend_type<__nv_bfloat16>(a);
@@ -764,15 +754,13 @@ int multiprocessors(int device) {
   return n;
 }
 
-void launch_score(const score_launch_args& l) {
+void launch_score(const score_launch_args& a) {
   // About 4096 blocks in all (31 per multiprocessor of an H200), a chunk split in up to 8.
-  const int slices = std::clamp((4096 + l.chunk_count - 1) / std::max(l.chunk_count, 1), 1, 8);
-  const score_args a{l.heads_pass, l.runs,    l.chunks, l.chunk_count, l.groups, l.z, l.check, l.bad_key,
-                     l.chunk_count + (l.check ? l.group_count : 0), slices, l.all_aligned, l.min_row};
-  switch (l.type) {
-    case element::f32: return score_type<float>(l.row, a);
-    case element::f16: return score_type<__half>(l.row, a);
-    case element::bf16: return score_type<__nv_bfloat16>(l.row, a);
+  const int slices = std::clamp((4096 + a.plan.chunk_count - 1) / std::max(a.plan.chunk_count, 1), 1, 8);
+  switch (a.plan.type) {
+    case element::f32: return score_type<float>(a, slices);
+    case element::f16: return score_type<__half>(a, slices);
+    case element::bf16: return score_type<__nv_bfloat16>(a, slices);
   }
 }
 

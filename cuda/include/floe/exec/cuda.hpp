@@ -80,10 +80,7 @@ class cuda : public batch_decoder<cuda> {
     p.add_group(kv, std::span<const token_range>(&r, 1), desc, nullptr, 0, at);
     device_block mem(p.device_bytes(r.size()));
     p.upload(mem);
-    cuda_detail::launch_score({.type = element_of<KV>(), .row = row_of(kv), .heads_pass = 1, .runs = p.runs_on(mem),
-                               .chunks = p.chunks_on(mem), .chunk_count = static_cast<int>(p.chunks.size()),
-                               .groups = p.groups_on(mem), .z = p.results_on(mem), .all_aligned = p.all_aligned,
-                               .min_row = p.min_row});
+    cuda_detail::launch_score({.plan = p.on_device(mem, element_of<KV>(), row_of(kv), 1), .z = p.results_on(mem)});
     cuda_detail::to_host(z, p.results_on(mem), r.size() * sizeof(float));
     cuda_detail::synchronize();
   }
@@ -329,6 +326,11 @@ class cuda : public batch_decoder<cuda> {
     float* work_on(const device_block& m) const { return reinterpret_cast<float*>(m.p + work_at()); }
     float* results_on(const device_block& m) const { return reinterpret_cast<float*>(m.p + results_at()); }
     unsigned long long* flag_on(const device_block& m) const { return reinterpret_cast<unsigned long long*>(m.p + flag_at()); }
+    // The uploaded plan as a launch takes it: rows of `row` elements, heads_pass heads a block.
+    cuda_detail::chunk_plan on_device(const device_block& m, cuda_detail::element type, int row, int heads_pass) const {
+      return {type,        row, heads_pass, runs_on(m), chunks_on(m), static_cast<int>(chunks.size()), groups_on(m),
+              static_cast<int>(groups.size()), all_aligned, min_row};
+    }
 
     // Cuts `ranges` of kv into runs and chunks of at most `cap` tokens for a new group.
     // `sel`: ranges (a contiguous range of token_range), or a device token list.
@@ -530,11 +532,9 @@ class cuda : public batch_decoder<cuda> {
     device_block mem(p.device_bytes(0));
     p.upload(mem);
     unsigned long long* flag = p.flag_on(mem);
-    cuda_detail::launch_score({.type = element_of<KV>(), .row = widest_row(kv_heads), .heads_pass = pass_template(p.max_heads),
-                               .runs = p.runs_on(mem), .chunks = p.chunks_on(mem),
-                               .chunk_count = static_cast<int>(p.chunks.size()), .groups = p.groups_on(mem),
-                               .check = check_queries ? flag : nullptr, .group_count = static_cast<int>(p.groups.size()),
-                               .bad_key = flag + 1, .all_aligned = p.all_aligned, .min_row = p.min_row});
+    cuda_detail::launch_score({.plan = p.on_device(mem, element_of<KV>(), widest_row(kv_heads), pass_template(p.max_heads)),
+                               .check = check_queries ? flag : nullptr,
+                               .bad_key = flag + 1});
     for (const auto& [a, b] : chains)
       cuda_detail::launch_group_top_k(z + z_at[a], static_cast<int>(heads), std::int64_t(kv_heads[a].n()),
                                       std::int64_t(k), work.p + z_bytes, chosen + a * k, static_cast<int>(b - a), flag);
@@ -614,10 +614,8 @@ class cuda : public batch_decoder<cuda> {
   // The exact part of every group of the plan; results on the device when `to_results`.
   template <KvView KV>
   static void launch(const plan& p, const device_block& mem, int row, int hp, bool to_results) {
-    cuda_detail::launch_attend({element_of<KV>(), row, hp, p.runs_on(mem), p.chunks_on(mem),
-                                static_cast<int>(p.chunks.size()), p.groups_on(mem), static_cast<int>(p.groups.size()),
-                                p.max_dv, p.work_on(mem), to_results ? p.results_on(mem) : nullptr,
-                                to_results ? nullptr : p.flag_on(mem), p.all_aligned, p.min_row});
+    cuda_detail::launch_attend({p.on_device(mem, element_of<KV>(), row, hp), p.max_dv, p.work_on(mem),
+                                to_results ? p.results_on(mem) : nullptr, to_results ? nullptr : p.flag_on(mem)});
   }
 
   template <KvView KV, class RangesOf>

@@ -61,52 +61,51 @@ void to_device(void* dst, const void* src, std::size_t bytes);
 void to_host(void* dst, const void* src, std::size_t bytes);
 void synchronize();
 
+// A plan's chunks on the device, as every launch over them takes them: heads_pass (1, 4
+// or 8) heads of a group a block; all_aligned: every group's rows allow 16-byte loads
+// (the pipelined kernels run); min_row: the narrowest d or dv of any group (row the
+// widest): the tensor-core kernels need them equal.
+struct chunk_plan {
+  element type;
+  int row, heads_pass;
+  const run* runs;
+  const chunk* chunks;
+  int chunk_count;
+  const group_desc* groups;
+  int group_count;
+  bool all_aligned;
+  int min_row;
+};
+
 // One launch of the exact part: chunk partials into `work` ([chunks, heads_pass * (2 +
 // dv_max)]), then per group either out = a / l (groups with `out`) or (m, l, a) into
 // results[group * heads_pass * (2 + dv_max)] (m at [h], l at [heads_pass + h], a at
 // [2 * heads_pass + h * dv_max]). `check` (device, nullable, preset to ~0): the launch
 // also checks every group's device queries into it (see nonfinite_query), and the merge
-// writes nothing unless it still holds ~0. all_aligned: every group's rows allow 16-byte
-// loads (the pipelined kernel runs). min_row: the narrowest d or dv of any group (row
-// the widest): the tensor-core kernel needs them equal.
+// writes nothing unless it still holds ~0.
 struct launch_args {
-  element type;
-  int row, heads_pass;
-  const run* runs;
-  const chunk* chunks;
-  int chunk_count;
-  const group_desc* groups;
-  int group_count, dv_max;
+  chunk_plan plan;
+  int dv_max;
   float* work;
   float* results;
   unsigned long long* check;
-  bool all_aligned;
-  int min_row;
 };
 void launch_attend(const launch_args& args);
 int multiprocessors(int device);
 
-// Scores of each chunk's tokens for every head of its group (up to heads_pass, 1, 4 or 8):
-// scale * q_h . k into out[h * out_stride + first_token + j] when the group has a device
-// `out`, else into z[first_token + j] (one head, out_stride 0). `check` (device,
-// nullable, preset to ~0): the launch also checks groups[0, group_count)'s device
-// queries into it, as launch_args::check does. `bad_key` (device, nullable, preset to
-// ~0): receives the lowest group << 40 | token whose score is NaN or +Inf (a NaN or Inf
-// in its key, or an overflow), which decode_bad_key unpacks. all_aligned and min_row as in
-// launch_args: 16-bit rows of d = 64 or 128 are then scored on tensor cores.
+// Scores of each chunk's tokens for every head of its group (up to heads_pass): scale *
+// q_h . k into out[h * out_stride + first_token + j] when the group has a device `out`,
+// else into z[first_token + j] (one head, out_stride 0). `check` (device, nullable,
+// preset to ~0): the launch also checks every group's device queries into it, as
+// launch_args::check does. `bad_key` (device, nullable, preset to ~0): receives the
+// lowest group << 40 | token whose score is NaN or +Inf (a NaN or Inf in its key, or an
+// overflow), which decode_bad_key unpacks. 16-bit rows of d = 64 or 128 (all_aligned,
+// min_row = row) are scored on tensor cores.
 struct score_launch_args {
-  element type;
-  int row, heads_pass;
-  const run* runs;
-  const chunk* chunks;
-  int chunk_count;
-  const group_desc* groups;
+  chunk_plan plan;
   float* z = nullptr;
   unsigned long long* check = nullptr;
-  int group_count = 0;
   unsigned long long* bad_key = nullptr;
-  bool all_aligned = false;
-  int min_row = 0;
 };
 void launch_score(const score_launch_args& args);
 
