@@ -716,16 +716,17 @@ class cuda : public batch_decoder<cuda> {
   // SIMT kernel: about three chunks per multiprocessor (256-4096; on the H200 2048 beat 512
   // and 1024 at 128K, batch 1). The tensor-core kernel (16-bit rows
   // of 64 or 128, `tensor_cores`) holds two blocks per multiprocessor: the largest power of
-  // two (256-8192) that still gives 0.7 blocks a slot, since a second, partial wave cost
-  // up to 30 % and half-empty slots as much (H200 sweep of FLOE_CUDA_CHUNK,
-  // docs/cuda-executor.md).
+  // two (256-8192) that still gives 0.9 blocks a slot (0.7 for 512), since a second,
+  // partial wave cost up to 30 % and half-empty slots as much (H200 sweeps of
+  // FLOE_CUDA_CHUNK, docs/cuda-executor.md).
   std::int32_t chunk_tokens_for(index_t work, bool tensor_cores = false) const {
     if (opt_.chunk_tokens) return static_cast<std::int32_t>(opt_.chunk_tokens);
     index_t cap = 256;
     if (tensor_cores) {
       const index_t slots = 2 * index_t(multiprocessors_);
       cap = 8192;
-      while (cap > 256 && 10 * work < 7 * slots * cap) cap /= 2;
+      // 0.7 at 512: 256-token chunks cost more than a partly empty wave (…-chunk-rule.txt).
+      while (cap > 256 && 10 * work < (cap > 512 ? 9 : 7) * slots * cap) cap /= 2;
     } else {
       const index_t want = work / (index_t(multiprocessors_) * 3);
       while (cap < 4096 && cap * 2 <= want) cap *= 2;
