@@ -630,8 +630,11 @@ void attend_type(const launch_args& a) {
 // Blocks of a score launch along x: the chunks, and one per group to check.
 int score_blocks(const score_launch_args& a) { return a.plan.chunk_count + (a.check ? a.plan.group_count : 0); }
 
+// SIMT scores: about 4096 blocks in all (31 per multiprocessor of an H200), a chunk split
+// in up to 8.
 template <class T, int SLOTS>
-void score_slots(const score_launch_args& a, int slices) {
+void score_slots(const score_launch_args& a) {
+  const int slices = std::clamp((4096 + a.plan.chunk_count - 1) / std::max(a.plan.chunk_count, 1), 1, 8);
   auto launch = [&](auto kernel) {
     kernel<<<dim3(score_blocks(a), slices), block_threads, 0, current_stream>>>(a.plan.runs, a.plan.chunks,
                                                                                a.plan.chunk_count, a.check,
@@ -656,7 +659,7 @@ void score_mma(const score_launch_args& a) {
 }
 
 template <class T>
-void score_type(const score_launch_args& a, int slices) {
+void score_type(const score_launch_args& a) {
   if (score_blocks(a) == 0) return;
   const int row = a.plan.row;
   if constexpr (vec_of<T> == 8) {
@@ -666,9 +669,9 @@ void score_type(const score_launch_args& a, int slices) {
     }
   }
   const int slots = slots_for<T>(row);
-  if (slots == 1) score_slots<T, 1>(a, slices);
-  else if (slots == 2) score_slots<T, 2>(a, slices);
-  else if constexpr (vec_of<T> == 4) score_slots<T, 4>(a, slices);
+  if (slots == 1) score_slots<T, 1>(a);
+  else if (slots == 2) score_slots<T, 2>(a);
+  else if constexpr (vec_of<T> == 4) score_slots<T, 4>(a);
   check(cudaGetLastError(), "score kernel launch");
 }
 
@@ -755,12 +758,10 @@ int multiprocessors(int device) {
 }
 
 void launch_score(const score_launch_args& a) {
-  // About 4096 blocks in all (31 per multiprocessor of an H200), a chunk split in up to 8.
-  const int slices = std::clamp((4096 + a.plan.chunk_count - 1) / std::max(a.plan.chunk_count, 1), 1, 8);
   switch (a.plan.type) {
-    case element::f32: return score_type<float>(a, slices);
-    case element::f16: return score_type<__half>(a, slices);
-    case element::bf16: return score_type<__nv_bfloat16>(a, slices);
+    case element::f32: return score_type<float>(a);
+    case element::f16: return score_type<__half>(a);
+    case element::bf16: return score_type<__nv_bfloat16>(a);
   }
 }
 

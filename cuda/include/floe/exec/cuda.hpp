@@ -328,8 +328,8 @@ class cuda : public batch_decoder<cuda> {
     unsigned long long* flag_on(const device_block& m) const { return reinterpret_cast<unsigned long long*>(m.p + flag_at()); }
     // The uploaded plan as a launch takes it: rows of `row` elements, heads_pass heads a block.
     cuda_detail::chunk_plan on_device(const device_block& m, cuda_detail::element type, int row, int heads_pass) const {
-      return {type,        row, heads_pass, runs_on(m), chunks_on(m), static_cast<int>(chunks.size()), groups_on(m),
-              static_cast<int>(groups.size()), all_aligned, min_row};
+      return {type, row, heads_pass, runs_on(m), chunks_on(m), static_cast<int>(chunks.size()),
+              groups_on(m), static_cast<int>(groups.size()), all_aligned, min_row};
     }
 
     // Cuts `ranges` of kv into runs and chunks of at most `cap` tokens for a new group.
