@@ -391,10 +391,10 @@ __global__ void __launch_bounds__(block_threads) attend_chunks_async(const run* 
 
 #include "attend_mma.cuh"
 
-// Per (group, head): merges the group's chunk partials (a block-wide max, then each warp
-// sums every fourth chunk's rescaled partial, a lane per 32nd element, and the warps'
+// Per (group, head): merges the group's chunk partials (a block-wide max, then each of 16
+// warps sums every 16th chunk's rescaled partial, a lane per 32nd element, and the warps'
 // sums are added); writes a / l to the group's output rows, or (m, l, a) to `results`.
-// 512 threads, chunks spread over 16 warps: with 128 threads and every chunk passing
+// Chunks spread over the warps of 512 threads: with 128 threads and every chunk passing
 // through each thread the kernel took 15 us at d 64, 128K, batch 1 (128 chunks a group,
 // 12 blocks; ncu: one warp a scheduler issuing every 10.5 cycles).
 constexpr int merge_threads = 512;
