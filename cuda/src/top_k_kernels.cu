@@ -264,7 +264,12 @@ void launch_group_top_k(const float* z, int heads, std::int64_t n, std::int64_t 
   const scratch_layout s = layout(scratch, heads, n, groups);
   const std::int64_t tiles = tiles_of(n);
   const auto g = static_cast<unsigned>(groups);
-  const unsigned spread = static_cast<unsigned>(std::min<std::int64_t>((n + 2047) / 2048, 1024));  // grid-stride blocks
+  // Grid-stride blocks per group: one per 2048 tokens, but about 1024 in all at most. Each
+  // block merges the heads' statistics and clears a histogram first, so more blocks cost
+  // more: at 128K, d 128 one per 512 tokens made the weights 15 -> 20 us at batch 1 (512
+  // blocks -> 2048) and one per 8192 made them 82 -> 60 us at batch 8 (4096 -> 1024; ncu).
+  const std::int64_t per_group = std::max<std::int64_t>(1, 1024 / groups);
+  const auto spread = static_cast<unsigned>(std::min<std::int64_t>({(n + 2047) / 2048, per_group, 1024}));
   head_partials<<<dim3(stat_blocks, heads * g), threads, 0, current_stream>>>(z, heads, n, k, s.partials, s.histogram,
                                                                               s.state);
   group_weights<<<dim3(spread, g), threads, sizeof(float2) * heads, current_stream>>>(z, heads, n, s.partials, s.weight);
