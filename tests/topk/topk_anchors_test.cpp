@@ -217,7 +217,7 @@ TEST_CASE("kth_largest and top_k match a full sort, ties and all", "[topk][ranki
 TEST_CASE("keep_reaching's AVX-512 and portable loops keep the same keys", "[topk][ranking]") {
 #ifdef FLOE_RANKING_X86
   if (!floe::select::ranking::detail::keep_reaching_avx512_available()) {
-    WARN("this CPU has no AVX-512F: only the portable loop runs");
+    WARN("this CPU has no AVX-512: only the portable loop runs");
     return;
   }
   INFO("seed " << floe::testing::seed());

@@ -19,6 +19,7 @@
 
 #include "floe/core/budget.hpp"
 #include "floe/core/config.hpp"
+#include "floe/exec/simd/arch.hpp"
 
 namespace floe::select::ranking {
 
@@ -127,8 +128,9 @@ inline index_t keep_reaching_portable(const float* key, index_t count, float bar
 }
 
 #ifdef FLOE_RANKING_X86
+// The SIMD executor's test of this CPU and OS (AVX-512 F/CD/DQ/BW/VL), read once.
 inline bool keep_reaching_avx512_available() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
+  static const bool yes = cpu_supports(simd_arch::avx512);
   return yes;
 }
 
