@@ -87,14 +87,19 @@ class estimator {
     using T = typename KV::element_type;
     const index_t exact = sel.count();
     partial_set<typename E::accumulator> parts(q.heads, kv.dv());
-    exec.attend(kv, q, sel.ranges, parts);
+    // A residual that reads the exact part itself (interleaved with its own reads) does so.
+    if constexpr (requires { residual_.attend_and_estimate(st.residual_index, kv, q, sel, exec, parts, call); }) {
+      residual_.attend_and_estimate(st.residual_index, kv, q, sel, exec, parts, call);
+    } else {
+      exec.attend(kv, q, sel.ranges, parts);
+      residual_.estimate(st.residual_index, kv, q, sel, exec, parts, call);
+    }
     call.tokens_total += kv.n();
     call.tokens_read += exact;
     if (!sel.keys_counted) call.key_bytes += exact * kv.d() * sizeof(T);
     call.value_bytes += exact * kv.dv() * sizeof(T);
     call.index_bytes += st.bytes();
 
-    residual_.estimate(st.residual_index, kv, q, sel, exec, parts, call);
     parts.finalize(out);
     io += call;
   }

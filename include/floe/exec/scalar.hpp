@@ -16,6 +16,9 @@ namespace floe::exec {
 struct scalar {
   using accumulator = double;
   static constexpr std::string_view name = "scalar";
+  // A call over a few hundred tokens costs little more than its reads (no launch, no
+  // synchronize), so residuals may interleave their own reads with the exact part.
+  static constexpr bool small_calls_cheap = true;
 
   // z_i = scale * q_h . k_i for the tokens of r, written to z[0 .. r.size()).
   template <KvView KV>

@@ -35,6 +35,9 @@ class simd : public batch_decoder<simd> {
  public:
   using accumulator = float;
   static constexpr std::string_view name = "simd";
+  // A call over a few hundred tokens costs little more than its reads (no launch, no
+  // synchronize), so residuals may interleave their own reads with the exact part.
+  static constexpr bool small_calls_cheap = true;
 
   simd() : simd(simd_options{}) {}
   explicit simd(simd_options options)

@@ -21,6 +21,7 @@
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
+#include "floe/index/weighted_rows.hpp"
 #include "floe/index/widen.hpp"
 #include "floe/residual/feature_maps/gaussian_directions.hpp"
 
@@ -117,9 +118,12 @@ class feature_map_summary {
   // D^ and N^ of the summarised tokens outside `exact`, per query head: the summary
   // minus the features of the exact tokens inside the region (keys and values the exact
   // part reads anyway). Empty when the exact set covers the region. Every token outside
-  // the region must be exact.
-  template <KvView KV>
-  std::vector<feature_mass> estimate(const KV& kv, const query_group& q, std::span<const token_range> exact) const {
+  // the region must be exact. `before_chunk(tokens)` runs before each chunk of exact
+  // tokens inside the region is read (at most chunk_tokens, ascending), so a caller can
+  // attend them there and this pass finds their rows in cache.
+  template <KvView KV, class BeforeChunk = void (*)(std::span<const index_t>)>
+  std::vector<feature_mass> estimate(const KV& kv, const query_group& q, std::span<const token_range> exact,
+                                     BeforeChunk&& before_chunk = [](std::span<const index_t>) {}) const {
     check_view(kv);
     check_covered(exact, {0, region_.begin}, kv.n());
     check_covered(exact, {region_.end, kv.n()}, kv.n());
@@ -151,8 +155,10 @@ class feature_map_summary {
       token_features.resize(static_cast<Eigen::Index>(features()));
       for_each_token_chunk(inside, [&](std::span<const index_t> tokens) {
         const index_t m = features();
-        u.resize(static_cast<Eigen::Index>(g), static_cast<Eigen::Index>(tokens.size()));
         constexpr index_t ahead = 16;  // cached rows in flight: scattered gathers are latency-bound
+        for (index_t r = 0; r < std::min(ahead, tokens.size()); ++r) detail::prefetch_row(cached_row(tokens[r]), m);
+        before_chunk(tokens);
+        u.resize(static_cast<Eigen::Index>(g), static_cast<Eigen::Index>(tokens.size()));
         for (index_t r = 0; r < tokens.size(); ++r) {
           if (r + ahead < tokens.size()) detail::prefetch_row(cached_row(tokens[r + ahead]), m);
           detail::widen(cached_row(tokens[r]), token_features.data(), m);
@@ -165,7 +171,7 @@ class feature_map_summary {
       // Eigen's small-by-large products packed more bytes than they multiplied.
       thread_local row_matrix token_features;
       const Eigen::VectorXf feature_shift = params_.bias - log_scale_;
-      for_each_chunk<false>(kv, inside, [&](const auto& keys, std::span<const index_t> tokens) {
+      for_each_chunk<false>(kv, inside, before_chunk, [&](const auto& keys, std::span<const index_t> tokens) {
         token_features.resize(static_cast<Eigen::Index>(features()), keys.rows());
         token_features.noalias() = params_.projection * keys.transpose();
         const Eigen::RowVectorXf half_sq = (0.5f * params_.scale) * keys.rowwise().squaredNorm().transpose();
@@ -214,18 +220,24 @@ class feature_map_summary {
   template <KvView KV>
   void subtract_terms(const KV& kv, std::span<const index_t> tokens, const row_matrix& u, Eigen::VectorXd& mass,
                       numerator_matrix& numer) const {
-    thread_local row_matrix chunk_numer;
-    thread_local Eigen::RowVectorXf value_row;
+    // The chunk's value rows widened (zero-padded to the block stride), then summed for
+    // all heads at once with the sums in registers.
+    thread_local std::vector<float> rows, chunk_numer;
     mass -= u.rowwise().sum().cast<double>();
-    chunk_numer.setZero(u.rows(), static_cast<Eigen::Index>(dv_));
-    value_row.resize(static_cast<Eigen::Index>(dv_));
+    const index_t stride = detail::weighted_stride(dv_), heads = static_cast<index_t>(u.rows());
+    rows.resize(tokens.size() * stride);
+    chunk_numer.assign(heads * stride, 0.f);
     constexpr index_t ahead = 8;  // value rows in flight
-    for (index_t r = 0; r < tokens.size(); ++r) {  // value rows widened one at a time, in L1
+    for (index_t r = 0; r < tokens.size(); ++r) {
       if (r + ahead < tokens.size()) detail::prefetch_row(kv.value_row(tokens[r + ahead]), dv_);
-      detail::widen(kv.value_row(tokens[r]), value_row.data(), dv_);
-      for (Eigen::Index h = 0; h < u.rows(); ++h) chunk_numer.row(h) += u(h, static_cast<Eigen::Index>(r)) * value_row;
+      detail::widen(kv.value_row(tokens[r]), rows.data() + r * stride, dv_);
+      std::fill(rows.data() + r * stride + dv_, rows.data() + (r + 1) * stride, 0.f);
     }
-    numer -= chunk_numer.cast<double>();
+    detail::add_weighted_rows(u.data(), static_cast<index_t>(u.cols()), heads, rows.data(), tokens.size(), stride,
+                              chunk_numer.data(), stride);
+    for (index_t h = 0; h < heads; ++h)
+      for (index_t j = 0; j < dv_; ++j)
+        numer(static_cast<Eigen::Index>(h), static_cast<Eigen::Index>(j)) -= chunk_numer[h * stride + j];
   }
 
   // Calls f(tokens) for the tokens of `ranges`, chunk_tokens at a time.
@@ -245,7 +257,7 @@ class feature_map_summary {
   void add_tokens(const KV& kv, index_t to) {
     const std::vector<token_range> todo{{region_.end, to}};
     if (caching_ && cached_.empty()) cached_.reserve((to - region_.begin) * features());  // at build
-    for_each_chunk<true>(kv, todo, [&](const auto& keys, const auto& values) {
+    for_each_chunk<true>(kv, todo, [](std::span<const index_t>) {}, [&](const auto& keys, const auto& values) {
       const row_matrix l = log_features(keys);
       require(l.allFinite(), "keys", "a key in [", region_.end, ", ", to, ") is NaN or Inf, or its features overflow");
       require(values.allFinite(), "values", "a value in [", region_.end, ", ", to, ") is NaN or Inf");
@@ -282,15 +294,16 @@ class feature_map_summary {
   }
 
   // Calls f(centred keys, values) for the tokens of `ranges`, chunk_tokens rows at a time;
-  // without Values, f(centred keys, the chunk's tokens).
-  template <bool Values, KvView KV, class F>
-  void for_each_chunk(const KV& kv, const std::vector<token_range>& ranges, F&& f) const {
+  // without Values, f(centred keys, the chunk's tokens). before(tokens) runs first.
+  template <bool Values, KvView KV, class Before, class F>
+  void for_each_chunk(const KV& kv, const std::vector<token_range>& ranges, Before&& before, F&& f) const {
     // Per-thread buffers kept between calls: fresh pages every step cost more than the GEMMs.
     thread_local row_matrix keys, values;
     keys.resize(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(d_));
     if constexpr (Values) values.resize(static_cast<Eigen::Index>(chunk_tokens), static_cast<Eigen::Index>(dv_));
     constexpr index_t ahead = 8;  // rows in flight: scattered gathers are latency-bound
     for_each_token_chunk(ranges, [&](std::span<const index_t> tokens) {
+      before(tokens);
       const index_t rows = tokens.size();
       for (index_t r = 0; r < rows; ++r) {
         if (r + ahead < rows) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -78,14 +79,57 @@ struct feature_map {
   template <KvView KV, class Selection, class Exec, class Acc>
   void estimate(const index& idx, const KV& kv, const query_group& q, const Selection& sel, const Exec&,
                 partial_set<Acc>& parts, stats& io) const {
-    const std::vector<feature_mass> masses = idx.estimate(kv, q, sel.ranges);
+    merge(idx, kv.dv(), idx.estimate(kv, q, sel.ranges), sel, parts, io);
+  }
+
+  // The exact part and the estimate in one pass (floe::estimator calls this instead of
+  // exec.attend and estimate): each chunk of exact tokens inside the region is attended
+  // just before its own terms are subtracted, so that the subtraction finds their rows in
+  // cache instead of reading them from memory a second time. Executors whose calls carry
+  // a fixed cost (a launch, a synchronize) attend everything in one call instead.
+  template <KvView KV, class Selection, class Exec, class Acc>
+  void attend_and_estimate(const index& idx, const KV& kv, const query_group& q, const Selection& sel,
+                           const Exec& exec, partial_set<Acc>& parts, stats& io) const {
+    if constexpr (!requires { requires Exec::small_calls_cheap; }) {
+      exec.attend(kv, q, sel.ranges, parts);
+      estimate(idx, kv, q, sel, exec, parts, io);
+    } else {
+      std::vector<token_range> piece;
+      index_t attended = 0;
+      std::vector<feature_mass> masses = idx.estimate(kv, q, sel.ranges, [&](std::span<const index_t> tokens) {
+        piece.clear();
+        for (const index_t t : tokens)
+          if (!piece.empty() && piece.back().end == t) ++piece.back().end;
+          else piece.push_back({t, t + 1});
+        exec.attend(kv, q, std::span<const token_range>(piece), parts);
+        attended += tokens.size();
+      });
+      if (attended == 0) {  // no chunk ran: the exact set has nothing inside the region, or covers it
+        exec.attend(kv, q, sel.ranges, parts);
+      } else {  // what is left: the exact tokens outside the region (sinks, tail)
+        const token_range region = idx.region();
+        piece.clear();
+        for (const token_range& r : sel.ranges) {
+          if (r.begin < region.begin) piece.push_back({r.begin, std::min(r.end, region.begin)});
+          if (r.end > region.end) piece.push_back({std::max(r.begin, region.end), r.end});
+        }
+        exec.attend(kv, q, std::span<const token_range>(piece), parts);
+      }
+      merge(idx, kv.dv(), std::move(masses), sel, parts, io);
+    }
+  }
+
+ private:
+  template <class Selection, class Acc>
+  static void merge(const index& idx, index_t dv, const std::vector<feature_mass>& masses, const Selection& sel,
+                    partial_set<Acc>& parts, stats& io) {
     if (masses.empty()) return;  // the exact set covers the region: nothing read, nothing to add
     io.summary_bytes += idx.read_bytes(sel.ranges);
-    std::vector<Acc> mean_value(kv.dv());
+    std::vector<Acc> mean_value(dv);
     for (index_t h = 0; h < masses.size(); ++h) {
       const feature_mass& f = masses[h];
       if (!(f.mass > 0.0)) continue;  // clamped at zero: nothing to add
-      for (index_t j = 0; j < kv.dv(); ++j) mean_value[j] = static_cast<Acc>(f.numerator[j] / f.mass);
+      for (index_t j = 0; j < dv; ++j) mean_value[j] = static_cast<Acc>(f.numerator[j] / f.mass);
       parts.merge(h, static_cast<Acc>(f.log_ref + std::log(f.mass)), Acc(1), mean_value.data());
     }
   }
