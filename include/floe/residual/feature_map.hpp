@@ -94,14 +94,12 @@ struct feature_map {
       exec.attend(kv, q, sel.ranges, parts);
       estimate(idx, kv, q, sel, exec, parts, io);
     } else {
-      std::vector<token_range> piece;
+      floe::selection piece;
       index_t attended = 0;
-      std::vector<feature_mass> masses = idx.estimate(kv, q, sel.ranges, [&](std::span<const index_t> tokens) {
+      const std::vector<feature_mass> masses = idx.estimate(kv, q, sel.ranges, [&](std::span<const index_t> tokens) {
         piece.clear();
-        for (const index_t t : tokens)
-          if (!piece.empty() && piece.back().end == t) ++piece.back().end;
-          else piece.push_back({t, t + 1});
-        exec.attend(kv, q, std::span<const token_range>(piece), parts);
+        add_sorted_indices(piece, tokens);
+        exec.attend(kv, q, std::span<const token_range>(piece.ranges), parts);
         attended += tokens.size();
       });
       if (attended == 0) {  // no chunk ran: the exact set has nothing inside the region, or covers it
@@ -110,12 +108,12 @@ struct feature_map {
         const token_range region = idx.region();
         piece.clear();
         for (const token_range& r : sel.ranges) {
-          if (r.begin < region.begin) piece.push_back({r.begin, std::min(r.end, region.begin)});
-          if (r.end > region.end) piece.push_back({std::max(r.begin, region.end), r.end});
+          piece.add(r.begin, std::min(r.end, region.begin));
+          piece.add(std::max(r.begin, region.end), r.end);
         }
-        exec.attend(kv, q, std::span<const token_range>(piece), parts);
+        exec.attend(kv, q, std::span<const token_range>(piece.ranges), parts);
       }
-      merge(idx, kv.dv(), std::move(masses), sel, parts, io);
+      merge(idx, kv.dv(), masses, sel, parts, io);
     }
   }
 
