@@ -119,6 +119,9 @@ TEST_CASE("bad input: selections past the cache are rejected before any read", "
   REQUIRE(thrown_argument([] { floe::validate_ranges({{0, 11}}, 10); }) == "selection");
   REQUIRE(thrown_argument([] { floe::validate_ranges({{3, 3}}, 10); }) == "selection");
   REQUIRE(thrown_argument([] { floe::validate_ranges({{0, 5}, {5, 10}}, 10); }) == "<nothing thrown>");
+  const std::vector<floe::token_range> ranges{{1, 3}, {5, 9}};
+  REQUIRE(floe::checked_token_count(ranges, 9) == 6);
+  REQUIRE(thrown_argument([&] { floe::checked_token_count(ranges, 8); }) == "selection");
 }
 
 TEST_CASE("bad input: batch with the wrong number of KV heads or states", "[bad-input]") {

@@ -1,6 +1,7 @@
 // The exact set E of an estimator: sorted, disjoint token ranges [begin, end).
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "floe/core/config.hpp"
@@ -46,10 +47,10 @@ void add_sorted_indices(selection& sel, const Indices& sorted) {
   for (index_t i : sorted) sel.add(i, i + 1);
 }
 
-// Rejects ranges that are unsorted, overlapping or reach past n: executors never read
-// outside the cache.
-inline void validate_ranges(const std::vector<token_range>& ranges, index_t n) {
-  index_t prev_end = 0;
+// Rejects ranges that are unsorted, overlapping or reach past n (executors never read
+// outside the cache); returns the number of tokens they cover.
+inline index_t checked_token_count(std::span<const token_range> ranges, index_t n) {
+  index_t prev_end = 0, tokens = 0;
   for (index_t r = 0; r < ranges.size(); ++r) {
     const auto& x = ranges[r];
     require(x.begin < x.end, "selection", "range ", r, " [", x.begin, ", ", x.end, ") is empty or reversed");
@@ -57,7 +58,11 @@ inline void validate_ranges(const std::vector<token_range>& ranges, index_t n) {
             " before the previous range ends at ", prev_end);
     require(x.end <= n, "selection", "range ", r, " ends at ", x.end, " past n = ", n);
     prev_end = x.end;
+    tokens += x.size();
   }
+  return tokens;
 }
+
+inline void validate_ranges(const std::vector<token_range>& ranges, index_t n) { checked_token_count(ranges, n); }
 
 }  // namespace floe

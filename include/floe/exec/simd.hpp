@@ -81,7 +81,7 @@ class simd : public batch_decoder<simd> {
     validate_query(q, kv.d());
     require(out.heads() == q.heads, "partial.heads", out.heads(), " partials for ", q.heads, " query heads");
     require(out.dv() == kv.dv(), "partial.dv", "partial of dv ", out.dv(), " for values of dv ", kv.dv());
-    const index_t tokens = simd_detail::checked_token_count(ranges, kv.n());
+    const index_t tokens = floe::checked_token_count(ranges, kv.n());
     if (tokens == 0) return;
     const auto args = group_args_of(kv, q);
     const index_t parts = split_count(tokens, 1);
@@ -265,7 +265,7 @@ class simd : public batch_decoder<simd> {
         validate_query(q, kv.d());
         validate_output(o, g, kv.dv());
         std::vector<token_range> ranges = ranges_of(s * shape.kv_heads + h, kv);
-        const index_t tokens = simd_detail::checked_token_count(ranges, kv.n());
+        const index_t tokens = floe::checked_token_count(ranges, kv.n());
         plans.push_back({&kv, q, o, std::move(ranges), tokens});
       }
     }

@@ -245,7 +245,7 @@ class cuda : public batch_decoder<cuda> {
     require_shape(kv);
     require(out.heads() == q.heads, "partial.heads", out.heads(), " partials for ", q.heads, " query heads");
     require(out.dv() == kv.dv(), "partial.dv", "partial of dv ", out.dv(), " for values of dv ", kv.dv());
-    const index_t tokens = simd_detail::checked_token_count(ranges, kv.n());
+    const index_t tokens = floe::checked_token_count(ranges, kv.n());
     if (tokens == 0) return;
     const int pass = cuda_detail::heads_per_pass(row_of(kv));
     cuda_detail::select_device(opt_.device, opt_.stream);
@@ -653,7 +653,7 @@ class cuda : public batch_decoder<cuda> {
                   " tokens listed, more than n = ", kv.n());
           tokens += ranges.count;
         } else {
-          tokens += simd_detail::checked_token_count(ranges, kv.n());
+          tokens += floe::checked_token_count(ranges, kv.n());
         }
         row = std::max(row, row_of(kv));
         heads.push_back({&kv, std::move(ranges), s, h, qs, os});

@@ -1,5 +1,5 @@
-// Host-side planning for the SIMD executor: checking token ranges and cutting them into
-// pieces of nearly equal token counts (split-K over N).
+// Host-side planning for the SIMD executor: cutting token ranges into pieces of nearly
+// equal token counts (split-K over N).
 #pragma once
 
 #include <span>
@@ -9,21 +9,6 @@
 #include "floe/core/selection.hpp"
 
 namespace floe::simd_detail {
-
-// The checks of floe::validate_ranges, for any contiguous sequence of ranges.
-inline index_t checked_token_count(std::span<const token_range> ranges, index_t n) {
-  index_t prev_end = 0, tokens = 0;
-  for (index_t r = 0; r < ranges.size(); ++r) {
-    const auto& x = ranges[r];
-    require(x.begin < x.end, "selection", "range ", r, " [", x.begin, ", ", x.end, ") is empty or reversed");
-    require(r == 0 || x.begin >= prev_end, "selection", "range ", r, " starts at ", x.begin,
-            " before the previous range ends at ", prev_end);
-    require(x.end <= n, "selection", "range ", r, " ends at ", x.end, " past n = ", n);
-    prev_end = x.end;
-    tokens += x.size();
-  }
-  return tokens;
-}
 
 // Cuts `ranges` (holding `tokens` tokens) into `parts` consecutive pieces whose token
 // counts differ by at most one; a piece boundary may fall inside a range.
