@@ -5,7 +5,6 @@
 #include <span>
 #include <vector>
 
-#include "floe/core/error.hpp"
 #include "floe/core/selection.hpp"
 
 namespace floe::simd_detail {
