@@ -210,6 +210,38 @@ void phase_select(benchmark::State& s) {
   }
 }
 
+// Choosing by estimate (rerank_factor = 1, the cheapest selection), and its first
+// part alone: the 4-bit scan of the middle with each head's maximum, no bounds.
+void phase_select_by_estimate(benchmark::State& s) {
+  const auto& p = phase_data();
+  const workload& w = data();
+  auto chooser = p.selector;
+  chooser.scorer.rerank_factor = 1.0;
+  std::vector<phases::sel::selection> out(w.heads);
+  std::vector<floe::stats> io(w.heads);
+  for (auto _ : s) {
+    floe::bench::start_cold(s);
+    pool().parallel_for(w.heads, [&](index_t h) { chooser.select(p.sidx[h], w.kv(h), w.q(h), floe::exec::simd{}, out[h], io[h]); });
+  }
+}
+
+void phase_scan(benchmark::State& s) {
+  const auto& p = phase_data();
+  const workload& w = data();
+  std::vector<std::vector<float>> estimates(w.heads);
+  for (auto _ : s) {
+    floe::bench::start_cold(s);
+    pool().parallel_for(w.heads, [&](index_t h) {
+      const floe::token_range mid = p.selector.middle(w.n, p.sidx[h]);
+      estimates[h].resize(w.g * mid.size());
+      std::vector<float> maxima(w.g);
+      p.sidx[h].scan(p.sidx[h].prepare(w.q(h)), mid.begin, mid.end, estimates[h].data(), nullptr, mid.size(),
+                     floe::scan_kernel::automatic, maxima.data());
+      benchmark::DoNotOptimize(maxima.data());
+    });
+  }
+}
+
 void phase_attend(benchmark::State& s) {
   const auto& p = phase_data();
   const workload& w = data();
@@ -243,6 +275,8 @@ void phase_feature_map(benchmark::State& s) {
 }  // namespace
 
 BENCHMARK(phase_select)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(phase_select_by_estimate)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(phase_scan)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(phase_attend)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(phase_feature_map)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -2,6 +2,7 @@
 // it claims to be, bounds hold, budgets resolve as documented, bad input is refused.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -152,19 +153,22 @@ TEST_CASE("the scan kernels agree to float rounding", "[topk][quantized]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(16);
   if (scan_kernels().size() < 3) WARN("this CPU lacks AVX2 or AVX-512 VNNI: " << scan_kernels().size() << " scan kernel(s) tested");
-  for (index_t d : {32, 70, 128}) {
-    floe::testing::random_kv<floe::half> data(g, 777, d, 8, 0, 0, 2.f);
+  // Cut tiles at both ends, whole tiles only, and more tiles than one VNNI run (64).
+  for (const auto [d, begin, end] : {std::array<index_t, 3>{32, 5, 700}, {70, 5, 700}, {128, 5, 700},
+                                     {128, 0, 1600}, {64, 16, 1599}}) {
+    INFO("d " << d << " tokens [" << begin << ", " << end << ")");
+    floe::testing::random_kv<floe::half> data(g, 1601, d, 8, 0, 0, 2.f);
     const auto idx = floe::quantized_keys::build(data.view());
     const auto qd = floe::testing::random_floats(g, 5 * d, 3.f);
     const auto p = idx.prepare(floe::query_group::make(qd.data(), 5, d));
-    const index_t begin = 5, end = 700, n = end - begin;
+    const index_t n = end - begin;
     std::vector<std::vector<float>> centers, radii;
     for (const auto kernel : scan_kernels()) {
       centers.emplace_back(5 * n);
       radii.emplace_back(5 * n);
       std::vector<float> maxima(5);
       idx.scan(p, begin, end, centers.back().data(), radii.back().data(), n, kernel, maxima.data());
-      for (index_t h = 0; h < 5; ++h)  // partial tiles at both ends: 5 and 700 are not multiples of 16
+      for (index_t h = 0; h < 5; ++h)
         REQUIRE(maxima[h] == *std::max_element(centers.back().begin() + h * n, centers.back().begin() + (h + 1) * n));
       std::vector<float> alone(5 * n);  // without radii (choosing by estimate): the same centers, bit for bit
       idx.scan(p, begin, end, alone.data(), nullptr, n, kernel);

@@ -7,6 +7,7 @@
 // covers. docs/methods/retrieval-completion.md, "quantized_scan".
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -159,28 +160,30 @@ void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* cod
 }
 
 #ifdef FLOE_QUANTIZED_SCAN_X86
-// The same for AVX-512 VNNI: the 16 tokens in the lanes, one int32 accumulator per head.
+// The same for AVX-512 VNNI: the 16 tokens in the lanes, one int32 accumulator per head
+// and nibble half; the results stay in registers for the caller to store.
 template <index_t H, bool Radius>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni(const quantized_query& p, index_t h0,
-                                                                       const std::uint8_t* codes,
-                                                                       const half* params, float* out_c,
-                                                                       float* out_r) {
-  __m512 center[H], radius[H];
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline void vnni_tile(
+    const quantized_query& p, index_t h0, const std::uint8_t* codes, const half* params, __m512 (&center)[H],
+    __m512 (&radius)[H]) {
   for (index_t h = 0; h < H; ++h) center[h] = radius[h] = _mm512_setzero_ps();
-  const __m512i nibble = _mm512_set1_epi8(15);
+  const __m512i low_nibble = _mm512_set1_epi8(0x0f), high_nibble = _mm512_set1_epi8(static_cast<char>(0xf0));
   const __mmask16 all = 0xffff;  // masked forms: GCC 12 warns on the unmasked ones' undefined source
   for (index_t b = 0; b < p.blocks; ++b) {
-    __m512i dot[H];
-    for (index_t h = 0; h < H; ++h) dot[h] = _mm512_setzero_si512();
+    // Two chains per head: the high nibbles in place (16x their code, |sum| <= 240 x 127
+    // x block_dims, exact in int32), shifted once per block instead of once per load.
+    __m512i low_dot[H], high_dot[H], dot[H];
+    for (index_t h = 0; h < H; ++h) low_dot[h] = high_dot[h] = _mm512_setzero_si512();
     for (index_t G = 0; G < groups; ++G) {
       const __m512i v = _mm512_loadu_si512(codes + b * block_code_bytes + G * tokens * 4);
-      const __m512i low = _mm512_and_si512(v, nibble), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      const __m512i low = _mm512_and_si512(v, low_nibble), high = _mm512_and_si512(v, high_nibble);
       for (index_t h = 0; h < H; ++h) {
         const std::int32_t* w = p.packed.data() + (((h0 + h) * p.blocks + b) * groups + G) * 2;
-        dot[h] = _mm512_dpbusd_epi32(dot[h], low, _mm512_set1_epi32(w[0]));
-        dot[h] = _mm512_dpbusd_epi32(dot[h], high, _mm512_set1_epi32(w[1]));
+        low_dot[h] = _mm512_dpbusd_epi32(low_dot[h], low, _mm512_set1_epi32(w[0]));
+        high_dot[h] = _mm512_dpbusd_epi32(high_dot[h], high, _mm512_set1_epi32(w[1]));
       }
     }
+    for (index_t h = 0; h < H; ++h) dot[h] = _mm512_add_epi32(low_dot[h], _mm512_maskz_srai_epi32(all, high_dot[h], 4));
     const __m512 offset = _mm512_maskz_cvtph_ps(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(params + b * 2 * tokens)));
     const __m512 scale =
         _mm512_maskz_cvtph_ps(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(params + b * 2 * tokens + tokens)));
@@ -195,10 +198,51 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni(const quan
                                     _mm512_fmadd_ps(scale, _mm512_set1_ps(p.reach_scale[at]), radius[h]));
     }
   }
+}
+
+template <index_t H, bool Radius>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni(const quantized_query& p, index_t h0,
+                                                                       const std::uint8_t* codes,
+                                                                       const half* params, float* out_c,
+                                                                       float* out_r) {
+  __m512 center[H], radius[H];
+  vnni_tile<H, Radius>(p, h0, codes, params, center, radius);
   for (index_t h = 0; h < H; ++h) {
     _mm512_storeu_ps(out_c + h * tokens, center[h]);
     if constexpr (Radius) _mm512_storeu_ps(out_r + h * tokens, radius[h]);
   }
+}
+
+// Whole tiles [0, count) of a run, `stride` bytes apart (codes, then params at
+// `code_bytes`), stored straight to center/radius[(h0 + h) * ld + 16 * tile], with
+// maxima[h0 + h] raised to each head's largest center: one call per run of tiles, not
+// per tile, so that the tiles overlap in the core. Prefetches `ahead` tiles ahead while
+// they are below `prefetch_count`.
+template <index_t H, bool Radius>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni_run(
+    const quantized_query& p, index_t h0, const std::uint8_t* tiles, index_t stride, index_t code_bytes,
+    index_t count, index_t ahead, index_t prefetch_count, float* center_out, float* radius_out, index_t ld,
+    float* maxima) {
+  __m512 best[H];
+  for (index_t h = 0; h < H; ++h) best[h] = _mm512_set1_ps(-__builtin_huge_valf());
+  for (index_t t = 0; t < count; ++t) {
+    const std::uint8_t* tile = tiles + t * stride;
+    if (ahead > 0 && t + ahead < prefetch_count)
+      for (index_t b = 0; b < stride; b += 64) _mm_prefetch(reinterpret_cast<const char*>(tile + ahead * stride + b), _MM_HINT_T0);
+    __m512 center[H], radius[H];
+    vnni_tile<H, Radius>(p, h0, tile, reinterpret_cast<const half*>(tile + code_bytes), center, radius);
+    for (index_t h = 0; h < H; ++h) {
+      _mm512_storeu_ps(center_out + (h0 + h) * ld + t * tokens, center[h]);
+      if constexpr (Radius) _mm512_storeu_ps(radius_out + (h0 + h) * ld + t * tokens, radius[h]);
+      best[h] = _mm512_maskz_max_ps(0xffff, best[h], center[h]);
+    }
+  }
+  if (maxima)
+    for (index_t h = 0; h < H; ++h) {
+      alignas(64) float lanes[tokens];
+      _mm512_store_ps(lanes, best[h]);
+      maxima[h0 + h] = std::max(maxima[h0 + h], *std::max_element(lanes, lanes + tokens));
+    }
 }
 
 // The same for AVX2: 8 tokens per register, two halves per tile. vpmaddubsw sums two code
@@ -276,6 +320,26 @@ inline void scan_tile(scan_kernel kernel, const quantized_query& p, index_t h0, 
   else
     heads.template operator()<false>();
 }
+
+#ifdef FLOE_QUANTIZED_SCAN_X86
+// scan_vnni_run for heads [h0, h0 + hn), hn <= heads_per_pass.
+inline void scan_run_vnni(const quantized_query& p, index_t h0, index_t hn, const std::uint8_t* tiles, index_t stride,
+                          index_t code_bytes, index_t count, index_t ahead, index_t prefetch_count, float* center,
+                          float* radius, index_t ld, float* maxima) {
+  auto run = [&]<index_t H>() {
+    if (radius)
+      scan_vnni_run<H, true>(p, h0, tiles, stride, code_bytes, count, ahead, prefetch_count, center, radius, ld, maxima);
+    else
+      scan_vnni_run<H, false>(p, h0, tiles, stride, code_bytes, count, ahead, prefetch_count, center, radius, ld, maxima);
+  };
+  switch (hn) {
+    case 1: run.template operator()<1>(); break;
+    case 2: run.template operator()<2>(); break;
+    case 3: run.template operator()<3>(); break;
+    default: run.template operator()<4>(); break;
+  }
+}
+#endif
 
 }  // namespace quantized_tile
 }  // namespace floe
