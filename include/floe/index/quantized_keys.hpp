@@ -168,7 +168,7 @@ class quantized_keys {
     if (kernel == scan_kernel::avx512_vnni && (begin + T - 1) / T < whole_end) {
       if (begin % T != 0) one_tile(tile++);
       thread_local std::vector<float> run_max;  // per head, folded into lane_max below
-      run_max.assign(p.heads, -std::numeric_limits<float>::infinity());
+      if (maxima) run_max.assign(p.heads, -std::numeric_limits<float>::infinity());
       constexpr index_t run_tiles = 64;  // 80 KiB at d = 128: the run stays in L2 across head passes
       const index_t stride = tile_halves() * index_t{sizeof(half)};
       while (tile < whole_end) {
@@ -177,7 +177,7 @@ class quantized_keys {
           quantized_tile::scan_run_vnni(p, h0, std::min(P, p.heads - h0), tile_codes(tile), stride, tile_code_bytes(),
                                         count, h0 == 0 ? prefetch_tiles : 0, last_tile - tile,
                                         center + tile * T - begin, radius ? radius + tile * T - begin : nullptr, ld,
-                                        run_max.data());
+                                        maxima ? run_max.data() : nullptr);
         tile += count;
       }
       if (maxima)

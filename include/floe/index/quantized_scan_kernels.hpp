@@ -4,7 +4,8 @@
 // (vpmaddubsw + vpmaddwd), and a portable one (xsimd float lanes of the instruction set
 // compiled for; about 5x slower than VNNI), so the library runs on any x86-64 CPU. All
 // sum the same integers exactly; they differ only in float rounding, which the radius
-// covers. docs/methods/retrieval-completion.md, "quantized_scan".
+// covers. VNNI also scans runs of whole tiles in one call (scan_vnni_run), storing in
+// place. docs/methods/retrieval-completion.md, "quantized_scan".
 #pragma once
 
 #include <algorithm>
@@ -215,7 +216,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni(const quan
 
 // Whole tiles [0, count) of a run, `stride` bytes apart (codes, then params at
 // `code_bytes`), stored straight to center/radius[(h0 + h) * ld + 16 * tile], with
-// maxima[h0 + h] raised to each head's largest center: one call per run of tiles, not
+// maxima[h0 + h] (when given) raised to each head's largest center: one call per run of tiles, not
 // per tile, so that the tiles overlap in the core. Prefetches `ahead` tiles ahead while
 // they are below `prefetch_count`.
 template <index_t H, bool Radius>
@@ -223,6 +224,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni_run(
     const quantized_query& p, index_t h0, const std::uint8_t* tiles, index_t stride, index_t code_bytes,
     index_t count, index_t ahead, index_t prefetch_count, float* center_out, float* radius_out, index_t ld,
     float* maxima) {
+  const bool track = maxima != nullptr;
   __m512 best[H];
   for (index_t h = 0; h < H; ++h) best[h] = _mm512_set1_ps(-__builtin_huge_valf());
   for (index_t t = 0; t < count; ++t) {
@@ -234,10 +236,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni_run(
     for (index_t h = 0; h < H; ++h) {
       _mm512_storeu_ps(center_out + (h0 + h) * ld + t * tokens, center[h]);
       if constexpr (Radius) _mm512_storeu_ps(radius_out + (h0 + h) * ld + t * tokens, radius[h]);
-      best[h] = _mm512_maskz_max_ps(0xffff, best[h], center[h]);
+      // The masked form: GCC 12's _mm512_max_ps trips -Wmaybe-uninitialized.
+      if (track) best[h] = _mm512_maskz_max_ps(0xffff, best[h], center[h]);
     }
   }
-  if (maxima)
+  if (track)
     for (index_t h = 0; h < H; ++h) {
       alignas(64) float lanes[tokens];
       _mm512_store_ps(lanes, best[h]);
@@ -296,6 +299,17 @@ __attribute__((target("avx2,fma,f16c"))) void scan_avx2(const quantized_query& p
 }
 #endif
 
+// Calls f.operator()<H>() with H = hn, 1 <= hn <= heads_per_pass: the kernels unroll over heads.
+template <class F>
+inline void with_head_count(index_t hn, F&& f) {
+  switch (hn) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    default: f.template operator()<4>(); break;
+  }
+}
+
 // One tile, heads [h0, h0 + hn), hn <= heads_per_pass, with the resolved kernel. Without
 // `with_radius` out_r is left alone (choosing by estimate needs no bounds).
 inline void scan_tile(scan_kernel kernel, const quantized_query& p, index_t h0, index_t hn, const std::uint8_t* codes,
@@ -307,18 +321,12 @@ inline void scan_tile(scan_kernel kernel, const quantized_query& p, index_t h0, 
 #endif
     scan_portable<H, R>(p, h0, codes, params, out_c, out_r);
   };
-  auto heads = [&]<bool R>() {
-    switch (hn) {
-      case 1: run.template operator()<1, R>(); break;
-      case 2: run.template operator()<2, R>(); break;
-      case 3: run.template operator()<3, R>(); break;
-      default: run.template operator()<4, R>(); break;
-    }
-  };
-  if (with_radius)
-    heads.template operator()<true>();
-  else
-    heads.template operator()<false>();
+  with_head_count(hn, [&]<index_t H>() {
+    if (with_radius)
+      run.template operator()<H, true>();
+    else
+      run.template operator()<H, false>();
+  });
 }
 
 #ifdef FLOE_QUANTIZED_SCAN_X86
@@ -326,18 +334,12 @@ inline void scan_tile(scan_kernel kernel, const quantized_query& p, index_t h0, 
 inline void scan_run_vnni(const quantized_query& p, index_t h0, index_t hn, const std::uint8_t* tiles, index_t stride,
                           index_t code_bytes, index_t count, index_t ahead, index_t prefetch_count, float* center,
                           float* radius, index_t ld, float* maxima) {
-  auto run = [&]<index_t H>() {
+  with_head_count(hn, [&]<index_t H>() {
     if (radius)
       scan_vnni_run<H, true>(p, h0, tiles, stride, code_bytes, count, ahead, prefetch_count, center, radius, ld, maxima);
     else
       scan_vnni_run<H, false>(p, h0, tiles, stride, code_bytes, count, ahead, prefetch_count, center, radius, ld, maxima);
-  };
-  switch (hn) {
-    case 1: run.template operator()<1>(); break;
-    case 2: run.template operator()<2>(); break;
-    case 3: run.template operator()<3>(); break;
-    default: run.template operator()<4>(); break;
-  }
+  });
 }
 #endif
 
