@@ -34,13 +34,17 @@ inline simd_arch parse_simd_arch(std::string_view text, const char* argument = "
 
 // True when this CPU and OS can run `a`. avx512 means AVX-512 F/CD/DQ/BW/VL (xsimd's
 // avx512bw); avx2 means AVX2 + FMA + F16C. F16C has no __builtin_cpu_supports name in
-// every compiler, so it is read from CPUID leaf 1 (ECX bit 29).
+// every compiler, so it is read from CPUID leaf 1 (ECX bit 29), once: on a VM CPUID
+// traps to the hypervisor (9.5 us a call on the 2-core machine, paid by every executor
+// constructed).
 inline bool cpu_supports(simd_arch a) {
   if (a == simd_arch::scalar) return true;
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && ((ecx >> 29) & 1u);
+  static const bool f16c = [] {
+    __builtin_cpu_init();
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && ((ecx >> 29) & 1u);
+  }();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   if (a == simd_arch::avx2) return avx2;
   if (a == simd_arch::avx512)
