@@ -35,8 +35,8 @@ inline simd_arch parse_simd_arch(std::string_view text, const char* argument = "
 // True when this CPU and OS can run `a`. avx512 means AVX-512 F/CD/DQ/BW/VL (xsimd's
 // avx512bw); avx2 means AVX2 + FMA + F16C. F16C has no __builtin_cpu_supports name in
 // every compiler, so it is read from CPUID leaf 1 (ECX bit 29), once: on a VM CPUID
-// traps to the hypervisor (9.5 us a call on the 2-core machine, paid by every executor
-// constructed).
+// traps to the hypervisor (cpu_supports took 9.5 us on the 2-core machine, and every
+// executor constructed paid it).
 inline bool cpu_supports(simd_arch a) {
   if (a == simd_arch::scalar) return true;
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
