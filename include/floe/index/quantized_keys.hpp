@@ -196,7 +196,7 @@ class quantized_keys {
   static constexpr index_t prefetch_tiles = 16;
   void prefetch_tile(index_t tile) const {
     const auto* c = reinterpret_cast<const char*>(tiles_.data() + tile * tile_halves());
-    for (index_t b = 0; b < tile_halves() * index_t{sizeof(half)}; b += 64) __builtin_prefetch(c + b);
+    for (index_t b = 0; b < tile_halves() * index_t{sizeof(half)}; b += 64) __builtin_prefetch(c + b, 0, 2);
   }
 
   // Codes of a tile: [block][quantized_tile::block_code_bytes]. Params of a tile:

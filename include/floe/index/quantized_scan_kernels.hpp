@@ -230,7 +230,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni_run(
   for (index_t t = 0; t < count; ++t) {
     const std::uint8_t* tile = tiles + t * stride;
     if (ahead > 0 && t + ahead < prefetch_count)
-      for (index_t b = 0; b < stride; b += 64) _mm_prefetch(reinterpret_cast<const char*>(tile + ahead * stride + b), _MM_HINT_T0);
+      for (index_t b = 0; b < stride; b += 64) _mm_prefetch(reinterpret_cast<const char*>(tile + ahead * stride + b), _MM_HINT_T1);
     __m512 center[H], radius[H];
     vnni_tile<H, Radius>(p, h0, tile, reinterpret_cast<const half*>(tile + code_bytes), center, radius);
     for (index_t h = 0; h < H; ++h) {

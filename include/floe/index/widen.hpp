@@ -56,7 +56,7 @@ inline void widen_finite(const half* src, float* dst, index_t n) {
 template <KvElement T>
 inline void prefetch_row(const T* row, index_t n) {
   const char* p = reinterpret_cast<const char*>(row);
-  for (index_t byte = 0; byte < n * sizeof(T); byte += 64) __builtin_prefetch(p + byte);
+  for (index_t byte = 0; byte < n * sizeof(T); byte += 64) __builtin_prefetch(p + byte, 0, 2);
 }
 
 }  // namespace floe::detail
