@@ -217,8 +217,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni(const quan
 // Whole tiles [0, count) of a run, `stride` bytes apart (codes, then params at
 // `code_bytes`), stored straight to center/radius[(h0 + h) * ld + 16 * tile], with
 // maxima[h0 + h] (when given) raised to each head's largest center: one call per run of tiles, not
-// per tile, so that the tiles overlap in the core. Prefetches `ahead` tiles ahead while
-// they are below `prefetch_count`.
+// per tile, so that the tiles overlap in the core. Prefetches `ahead` tiles ahead into L2
+// while they are below `prefetch_count` (spreading the prefetches among the loads gained nothing).
 template <index_t H, bool Radius>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void scan_vnni_run(
     const quantized_query& p, index_t h0, const std::uint8_t* tiles, index_t stride, index_t code_bytes,
