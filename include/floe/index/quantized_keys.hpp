@@ -20,6 +20,7 @@
 #include "floe/core/query.hpp"
 #include "floe/index/directed_half.hpp"
 #include "floe/index/quantized_scan_kernels.hpp"
+#include "floe/index/widen.hpp"
 
 namespace floe {
 
@@ -193,13 +194,9 @@ class quantized_keys {
  private:
   // Tiles asked for ahead of the scan: with the hardware prefetcher alone it stalls on
   // DRAM (2-core machine, 4 heads, cold: by estimate 8.4-8.7 ms with, 10.3-11.0 without).
-  // Into L2, not L1: a burst of a tile's 20 lines into L1 halved the gain (phase_scan,
-  // 4 heads, g = 1: 2.7-3.5 ms into L1, 2.1-2.3 into L2).
+  // Into L2, not L1 (phase_scan, 4 heads, g = 1, cold: 2.7-3.5 ms into L1, 2.1-2.3 into L2).
   static constexpr index_t prefetch_tiles = 16;
-  void prefetch_tile(index_t tile) const {
-    const auto* c = reinterpret_cast<const char*>(tiles_.data() + tile * tile_halves());
-    for (index_t b = 0; b < tile_halves() * index_t{sizeof(half)}; b += 64) __builtin_prefetch(c + b, 0, 2);
-  }
+  void prefetch_tile(index_t tile) const { detail::prefetch_row(tiles_.data() + tile * tile_halves(), tile_halves()); }
 
   // Codes of a tile: [block][quantized_tile::block_code_bytes]. Params of a tile:
   // [block][offset x16, scale x16].
