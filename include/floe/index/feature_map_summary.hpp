@@ -220,21 +220,27 @@ class feature_map_summary {
   template <KvView KV>
   void subtract_terms(const KV& kv, std::span<const index_t> tokens, const row_matrix& u, Eigen::VectorXd& mass,
                       numerator_matrix& numer) const {
-    // The chunk's value rows widened (zero-padded to the block stride), then summed for
-    // all heads at once with the sums in registers.
+    // The chunk's value rows widened (zero-padded to the block stride) a block at a time,
+    // so that the widened rows stay in L1, then summed for all heads at once with the
+    // sums in registers.
+    constexpr index_t block_rows = 32;
     thread_local std::vector<float> rows, chunk_numer;
     mass -= u.rowwise().sum().cast<double>();
     const index_t stride = detail::weighted_stride(dv_), heads = static_cast<index_t>(u.rows());
-    rows.resize(tokens.size() * stride);
+    rows.resize(block_rows * stride);
     chunk_numer.assign(heads * stride, 0.f);
     constexpr index_t ahead = 8;  // value rows in flight
-    for (index_t r = 0; r < tokens.size(); ++r) {
-      if (r + ahead < tokens.size()) detail::prefetch_row(kv.value_row(tokens[r + ahead]), dv_);
-      detail::widen(kv.value_row(tokens[r]), rows.data() + r * stride, dv_);
-      std::fill(rows.data() + r * stride + dv_, rows.data() + (r + 1) * stride, 0.f);
+    for (index_t r0 = 0; r0 < tokens.size(); r0 += block_rows) {
+      const index_t count = std::min(block_rows, tokens.size() - r0);
+      for (index_t i = 0; i < count; ++i) {
+        const index_t r = r0 + i;
+        if (r + ahead < tokens.size()) detail::prefetch_row(kv.value_row(tokens[r + ahead]), dv_);
+        detail::widen(kv.value_row(tokens[r]), rows.data() + i * stride, dv_);
+        std::fill(rows.data() + i * stride + dv_, rows.data() + (i + 1) * stride, 0.f);
+      }
+      detail::add_weighted_rows(u.data() + r0, static_cast<index_t>(u.cols()), heads, rows.data(), count, stride,
+                                chunk_numer.data(), stride);
     }
-    detail::add_weighted_rows(u.data(), static_cast<index_t>(u.cols()), heads, rows.data(), tokens.size(), stride,
-                              chunk_numer.data(), stride);
     for (index_t h = 0; h < heads; ++h)
       for (index_t j = 0; j < dv_; ++j)
         numer(static_cast<Eigen::Index>(h), static_cast<Eigen::Index>(j)) -= chunk_numer[h * stride + j];
