@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <tuple>
 
 #include "floe/residual/feature_map.hpp"
 #include "floe/residual/feature_maps/optimized_positive_random.hpp"
@@ -152,7 +153,13 @@ double mass_leaving_out(const floe::feature_map_summary& idx, const floe::kv_vie
 TEST_CASE("D^ and N^ equal their formula evaluated in double, for every head of a group", "[feature_map]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(27);
-  const index_t n = 600, d = 16, dv = 8, heads = 4, m = 32;
+  // The second shape subtracts ~1200 exact tokens: several 512-token chunks, each summed
+  // in blocks of 32 rows with a partial last block, and dv = 48 padded to the block stride.
+  const auto shape = GENERATE(std::tuple<index_t, index_t, double>{600, 8, 0.1},
+                              std::tuple<index_t, index_t, double>{3000, 48, 0.4});
+  const index_t n = std::get<0>(shape), dv = std::get<1>(shape), d = 16, heads = 4, m = 32;
+  const double fraction = std::get<2>(shape);
+  INFO("n " << n << ", dv " << dv << ", budget " << fraction);
   // Values with a common offset, so that a numerator mixed up across heads or dimensions
   // points elsewhere (it once was: a column-major matrix copied out as rows).
   floe::testing::random_kv<float> data(g, n, d, dv, 0, 0, 0.5f);
@@ -160,7 +167,7 @@ TEST_CASE("D^ and N^ equal their formula evaluated in double, for every head of 
   const auto kv = data.view();
   const auto qd = floe::testing::random_floats(g, heads * d, 0.5f);
   const auto q = floe::query_group::make(qd.data(), heads, d);
-  const topk_anchors<exact_scan> sel{4, 32, floe::budget::fraction(0.1), {}};
+  const topk_anchors<exact_scan> sel{4, 32, floe::budget::fraction(fraction), {}};
   topk_anchors<exact_scan>::selection chosen;
   floe::stats io;
   sel.select(sel.build(kv), kv, q, floe::exec::scalar{}, chosen, io);
