@@ -110,30 +110,34 @@ std::vector<floe::scan_kernel> scan_kernels() {
   return k;
 }
 
-TEST_CASE("4-bit score bounds hold for every token and element type", "[topk][quantized]") {
+TEST_CASE("4-bit score bounds hold for every token, element type and block size", "[topk][quantized]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(11);
   auto check = [&](const auto& data, float key_offset) {
     const auto kv = data.view();
-    const auto idx = floe::quantized_keys::build(kv);
-    const auto qd = floe::testing::random_floats(g, 3 * kv.d(), 3.f);
-    const auto q = floe::query_group::make(qd.data(), 3, kv.d());
-    const index_t n = kv.n();
-    for (const auto kernel : scan_kernels()) {
-      std::vector<float> center(3 * n), radius(3 * n), z(n);
-      idx.scan(idx.prepare(q), 0, n, center.data(), radius.data(), n, kernel);
-      double worst = 0, slack = 0;
-      for (index_t h = 0; h < 3; ++h) {
-        floe::exec::scalar{}.score(kv, q, h, {0, n}, z.data());
-        for (index_t i = 0; i < n; ++i) {
-          worst = std::max(worst, std::fabs(double(z[i]) - center[h * n + i]) / radius[h * n + i]);
-          slack += radius[h * n + i] / n / 3;
+    for (const index_t block : {32, 64, 8, 40}) {  // 40: d = 64 and 70 end inside a block
+      INFO("block_dims " << block);
+      const auto idx = floe::quantized_keys::build(kv, block);
+      REQUIRE(idx.bytes_per_token() == (kv.d() + block - 1) / block * (block / 2 + 4));
+      const auto qd = floe::testing::random_floats(g, 3 * kv.d(), 3.f);
+      const auto q = floe::query_group::make(qd.data(), 3, kv.d());
+      const index_t n = kv.n();
+      for (const auto kernel : scan_kernels()) {
+        std::vector<float> center(3 * n), radius(3 * n), z(n);
+        idx.scan(idx.prepare(q), 0, n, center.data(), radius.data(), n, kernel);
+        double worst = 0, slack = 0;
+        for (index_t h = 0; h < 3; ++h) {
+          floe::exec::scalar{}.score(kv, q, h, {0, n}, z.data());
+          for (index_t i = 0; i < n; ++i) {
+            worst = std::max(worst, std::fabs(double(z[i]) - center[h * n + i]) / radius[h * n + i]);
+            slack += radius[h * n + i] / n / 3;
+          }
         }
+        INFO("kernel " << static_cast<int>(kernel) << " key offset " << key_offset << " worst |z - center| / radius "
+                       << worst << " mean radius " << slack);
+        REQUIRE(worst <= 1.0);
+        REQUIRE(worst >= 0.05);  // the bounds are not vacuous
       }
-      INFO("kernel " << static_cast<int>(kernel) << " key offset " << key_offset << " worst |z - center| / radius "
-                     << worst << " mean radius " << slack);
-      REQUIRE(worst <= 1.0);
-      REQUIRE(worst >= 0.05);  // the bounds are not vacuous
     }
   };
   for (float offset : {0.f, 40.f}) {
@@ -158,27 +162,30 @@ TEST_CASE("the scan kernels agree to float rounding", "[topk][quantized]") {
                                      {128, 0, 1600}, {64, 16, 1599}}) {
     INFO("d " << d << " tokens [" << begin << ", " << end << ")");
     floe::testing::random_kv<floe::half> data(g, 1601, d, 8, 0, 0, 2.f);
-    const auto idx = floe::quantized_keys::build(data.view());
-    const auto qd = floe::testing::random_floats(g, 5 * d, 3.f);
-    const auto p = idx.prepare(floe::query_group::make(qd.data(), 5, d));
-    const index_t n = end - begin;
-    std::vector<std::vector<float>> centers, radii;
-    for (const auto kernel : scan_kernels()) {
-      centers.emplace_back(5 * n);
-      radii.emplace_back(5 * n);
-      std::vector<float> maxima(5);
-      idx.scan(p, begin, end, centers.back().data(), radii.back().data(), n, kernel, maxima.data());
-      for (index_t h = 0; h < 5; ++h)
-        REQUIRE(maxima[h] == *std::max_element(centers.back().begin() + h * n, centers.back().begin() + (h + 1) * n));
-      std::vector<float> alone(5 * n);  // without radii (choosing by estimate): the same centers, bit for bit
-      idx.scan(p, begin, end, alone.data(), nullptr, n, kernel);
-      REQUIRE(alone == centers.back());
-    }
-    for (std::size_t k = 1; k < centers.size(); ++k)
-      for (index_t i = 0; i < 5 * n; ++i) {
-        REQUIRE(std::fabs(centers[k][i] - centers[0][i]) <= 1e-5f * radii[0][i]);
-        REQUIRE(std::fabs(radii[k][i] - radii[0][i]) <= 1e-5f * radii[0][i]);
+    for (const index_t block : {32, 64, 24}) {
+      INFO("block_dims " << block);
+      const auto idx = floe::quantized_keys::build(data.view(), block);
+      const auto qd = floe::testing::random_floats(g, 5 * d, 3.f);
+      const auto p = idx.prepare(floe::query_group::make(qd.data(), 5, d));
+      const index_t n = end - begin;
+      std::vector<std::vector<float>> centers, radii;
+      for (const auto kernel : scan_kernels()) {
+        centers.emplace_back(5 * n);
+        radii.emplace_back(5 * n);
+        std::vector<float> maxima(5);
+        idx.scan(p, begin, end, centers.back().data(), radii.back().data(), n, kernel, maxima.data());
+        for (index_t h = 0; h < 5; ++h)
+          REQUIRE(maxima[h] == *std::max_element(centers.back().begin() + h * n, centers.back().begin() + (h + 1) * n));
+        std::vector<float> alone(5 * n);  // without radii (choosing by estimate): the same centers, bit for bit
+        idx.scan(p, begin, end, alone.data(), nullptr, n, kernel);
+        REQUIRE(alone == centers.back());
       }
+      for (std::size_t k = 1; k < centers.size(); ++k)
+        for (index_t i = 0; i < 5 * n; ++i) {
+          REQUIRE(std::fabs(centers[k][i] - centers[0][i]) <= 1e-5f * radii[0][i]);
+          REQUIRE(std::fabs(radii[k][i] - radii[0][i]) <= 1e-5f * radii[0][i]);
+        }
+    }
   }
   floe::testing::random_kv<floe::half> data(g, 100, 64, 8);
   const auto idx = floe::quantized_keys::build(data.view());
@@ -188,6 +195,13 @@ TEST_CASE("the scan kernels agree to float rounding", "[topk][quantized]") {
   qd[3] = 1.f;
   REQUIRE_THROWS_WITH(idx.scan(idx.prepare(floe::query_group::make(qd.data(), 1, 64)), 0, 101, c.data(), r.data(), 100),
                       Catch::Contains("range"));
+  for (const index_t block : {0, 4, 12, 520})
+    REQUIRE_THROWS_WITH(floe::quantized_keys::build(data.view(), block), Catch::Contains("block"));
+  // A query prepared for 32-element blocks cannot scan an index of 64-element ones.
+  const auto wide = floe::quantized_keys::build(data.view(), 64);
+  REQUIRE_THROWS_WITH(wide.scan(idx.prepare(floe::query_group::make(qd.data(), 1, 64)), 0, 100, c.data(), r.data(), 100),
+                      Catch::Contains("query"));
+  REQUIRE_NOTHROW(wide.scan(wide.prepare(floe::query_group::make(qd.data(), 1, 64)), 0, 100, c.data(), r.data(), 100));
 }
 
 TEST_CASE("kth_largest and top_k match a full sort, ties and all", "[topk][ranking]") {

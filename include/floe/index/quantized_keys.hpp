@@ -26,16 +26,21 @@ namespace floe {
 
 class quantized_keys {
  public:
-  static constexpr index_t block_dims = quantized_tile::block_dims;  // one offset and scale each
   static constexpr index_t tile_tokens = quantized_tile::tokens;
 
   quantized_keys() = default;
 
+  // `block_dims` elements of a key share one offset and scale: a multiple of 8 in [8, 512].
+  // Larger blocks read fewer bytes and bound less tightly (docs/methods/retrieval-completion.md).
   template <KvView KV>
-  static quantized_keys build(const KV& kv) {
+  static quantized_keys build(const KV& kv, index_t block = quantized_tile::default_block_dims) {
+    require(block >= quantized_tile::group_dims && block <= 512 && block % quantized_tile::group_dims == 0,
+            "block", "must be a multiple of ", quantized_tile::group_dims, " in [", quantized_tile::group_dims,
+            ", 512], got ", block);
     quantized_keys idx;
     idx.d_ = kv.d();
-    idx.blocks_ = (kv.d() + block_dims - 1) / block_dims;
+    idx.block_dims_ = block;
+    idx.blocks_ = (kv.d() + block - 1) / block;
     idx.append(kv);
     return idx;
   }
@@ -53,7 +58,7 @@ class quantized_keys {
     }
     const index_t tiles = (kv.n() + tile_tokens - 1) / tile_tokens;
     tiles_.resize(tiles * tile_halves(), half{});
-    std::vector<float> row(blocks_ * block_dims, 0.f);
+    std::vector<float> row(blocks_ * block_dims_, 0.f);
     for (index_t i = n_; i < kv.n(); ++i) {
       const auto* k = kv.key_row(i);
       for (index_t t = 0; t < d_; ++t) {
@@ -68,25 +73,28 @@ class quantized_keys {
 
   index_t tokens() const { return n_; }
   index_t d() const { return d_; }
+  index_t block_dims() const { return block_dims_; }
   // Bytes the scan reads per token: codes plus the offset and scale of every block.
-  index_t bytes_per_token() const { return blocks_ * (block_dims / 2 + 2 * sizeof(half)); }
+  index_t bytes_per_token() const { return blocks_ * (block_dims_ / 2 + 2 * sizeof(half)); }
   std::uint64_t bytes() const { return static_cast<std::uint64_t>(n_) * bytes_per_token(); }
 
   // Scaled query rows s*q_h as int8 codes per block, with the terms of the estimate and
   // of its radius. Rounding the query costs |sum_t e_t k_t| <= 15 scale * sum_t |e_t| on
   // top of the keys' own rounding (the key code lies in 0..15, e_t = s q_t - step code_t).
   quantized_query prepare(const query_group& q) const {
-    constexpr index_t G = quantized_tile::groups, D = quantized_tile::group_dims;
-    const index_t pd = blocks_ * block_dims;
+    constexpr index_t D = quantized_tile::group_dims;
+    const index_t G = block_dims_ / D, pd = blocks_ * block_dims_;
     quantized_query p;
     p.heads = q.heads;
     p.blocks = blocks_;
+    p.groups = G;
+    std::vector<std::uint8_t> bytes(G * 2 * 4);  // one block's packed codes: [group][low/high][4]
     p.codes.assign(q.heads * pd, 0);
     p.packed.assign(q.heads * blocks_ * G * 2, 0);
     for (auto* v : {&p.step, &p.sums, &p.reach_scale, &p.reach_offset}) v->assign(q.heads * blocks_, 0.f);
     for (index_t h = 0; h < q.heads; ++h)
       for (index_t b = 0; b < blocks_; ++b) {
-        const index_t first = b * block_dims, last = std::min(d_, first + block_dims);
+        const index_t first = b * block_dims_, last = std::min(d_, first + block_dims_);
         float top = 0.f;
         for (index_t t = first; t < last; ++t) {
           const float x = q.scale * q.row(h)[t];
@@ -103,10 +111,9 @@ class quantized_keys {
           l1 += std::fabs(x);
           lost += std::fabs(static_cast<double>(x) - static_cast<double>(step) * c);
         }
-        std::uint8_t bytes[G * 2 * 4];  // [group][low/high][4]
-        for (index_t t = 0; t < block_dims; ++t)
+        for (index_t t = 0; t < block_dims_; ++t)
           bytes[(t / D) * 8 + (t % D >= 4 ? 4 : 0) + t % 4] = static_cast<std::uint8_t>(p.codes[h * pd + first + t]);
-        std::memcpy(p.packed.data() + (h * blocks_ + b) * G * 2, bytes, sizeof bytes);
+        std::memcpy(p.packed.data() + (h * blocks_ + b) * G * 2, bytes.data(), bytes.size());
         const index_t at = h * blocks_ + b;
         p.step[at] = step;
         p.sums[at] = static_cast<float>(sum);
@@ -124,7 +131,9 @@ class quantized_keys {
   // head (the pass over the estimates a ranking would make next, done while they are hot).
   void scan(const quantized_query& p, index_t begin, index_t end, float* center, float* radius, index_t ld,
             scan_kernel kernel = scan_kernel::automatic, float* maxima = nullptr) const {
-    require(p.blocks == blocks_, "query", "prepared for ", p.blocks, " blocks, the index has ", blocks_);
+    require(p.blocks == blocks_ && p.groups * quantized_tile::group_dims == block_dims_, "query", "prepared for ",
+            p.blocks, " blocks of ", p.groups * quantized_tile::group_dims, " elements, the index has ", blocks_,
+            " of ", block_dims_);
     require(begin <= end && end <= n_, "range", "[", begin, ", ", end, ") is not within the ", n_, " indexed tokens");
     require(quantized_tile::available(kernel), "kernel", "scan kernel ", static_cast<int>(kernel),
             " asked for on a CPU that does not run it");
@@ -200,7 +209,8 @@ class quantized_keys {
 
   // Codes of a tile: [block][quantized_tile::block_code_bytes]. Params of a tile:
   // [block][offset x16, scale x16].
-  index_t tile_code_bytes() const { return blocks_ * quantized_tile::block_code_bytes; }
+  index_t block_code_bytes() const { return quantized_tile::block_code_bytes(block_dims_ / quantized_tile::group_dims); }
+  index_t tile_code_bytes() const { return blocks_ * block_code_bytes(); }
   index_t tile_params() const { return blocks_ * 2 * tile_tokens; }
   index_t tile_halves() const { return tile_code_bytes() / index_t{sizeof(half)} + tile_params(); }
   std::uint8_t* tile_codes(index_t tile) { return reinterpret_cast<std::uint8_t*>(tiles_.data() + tile * tile_halves()); }
@@ -218,8 +228,8 @@ class quantized_keys {
     std::uint8_t* c = tile_codes(tile);
     half* prm = tile_params_at(tile);
     for (index_t b = 0; b < blocks_; ++b) {
-      const float* x = row + b * block_dims;
-      const index_t len = std::min(block_dims, d_ - b * block_dims);
+      const float* x = row + b * block_dims_;
+      const index_t len = std::min(block_dims_, d_ - b * block_dims_);
       const auto [lo, hi] = std::minmax_element(x, x + len);
       const half offset = detail::half_not_above(*lo);
       const float off = offset.to_float();
@@ -228,7 +238,7 @@ class quantized_keys {
       prm[b * 2 * tile_tokens + j] = offset;
       prm[b * 2 * tile_tokens + tile_tokens + j] = scale;
       for (index_t t = 0; t < len; ++t) {
-        std::uint8_t& byte = c[b * quantized_tile::block_code_bytes + quantized_tile::code_byte(t, j)];
+        std::uint8_t& byte = c[b * block_code_bytes() + quantized_tile::code_byte(t, j)];
         const std::uint8_t q = code(x[t], off, sc);
         byte = quantized_tile::code_high(t) ? static_cast<std::uint8_t>((byte & 0x0fu) | (q << 4))
                                             : static_cast<std::uint8_t>((byte & 0xf0u) | q);
@@ -242,7 +252,7 @@ class quantized_keys {
     return static_cast<std::uint8_t>(std::clamp(c, 0.f, 15.f));
   }
 
-  index_t n_ = 0, d_ = 0, blocks_ = 0;
+  index_t n_ = 0, d_ = 0, blocks_ = 0, block_dims_ = quantized_tile::default_block_dims;
   // [tiles][codes, then params]: the scan reads one stream. On huge pages: with 4 KiB
   // pages the scan ran at half the dense kernel's DRAM rate (docs/methods/retrieval-completion.md).
   std::vector<half, huge_page_allocator<half>> tiles_;

@@ -30,13 +30,13 @@
 
 namespace floe {
 
-// A query group prepared for the scan. Per head and 32-element block: the query's int8
-// codes (q ~ step * code), packed four to a word in the order the tile stores key codes,
-// and the block's float terms of the estimate and of the radius.
+// A query group prepared for the scan. Per head and block (of `groups` x 8 elements): the
+// query's int8 codes (q ~ step * code), packed four to a word in the order the tile stores
+// key codes, and the block's float terms of the estimate and of the radius.
 struct quantized_query {
-  index_t heads = 0, blocks = 0;
-  std::vector<std::int8_t> codes;     // [heads, blocks * 32]
-  std::vector<std::int32_t> packed;   // [heads, blocks, 4 groups, low/high]: codes 8G+0..3, 8G+4..7
+  index_t heads = 0, blocks = 0, groups = 0;
+  std::vector<std::int8_t> codes;     // [heads, blocks * groups * 8]
+  std::vector<std::int32_t> packed;   // [heads, blocks, groups, low/high]: codes 8G+0..3, 8G+4..7
   std::vector<float> step;            // [heads, blocks]
   std::vector<float> sums;            // [heads, blocks]: sum of s*q over the block (offset term)
   std::vector<float> reach_scale;     // [heads, blocks]: radius per unit of the token's scale
@@ -48,15 +48,16 @@ enum class scan_kernel { automatic, portable, avx2, avx512_vnni };
 
 namespace quantized_tile {
 
-inline constexpr index_t tokens = 16;      // tokens of a tile
-inline constexpr index_t block_dims = 32;  // elements sharing one offset and scale
-inline constexpr index_t group_dims = 8;   // elements of one 4-byte word per token
-inline constexpr index_t groups = block_dims / group_dims;
+inline constexpr index_t tokens = 16;     // tokens of a tile
+inline constexpr index_t group_dims = 8;  // elements of one 4-byte word per token
 inline constexpr index_t heads_per_pass = 4;
+// Elements sharing one offset and scale: a multiple of group_dims chosen at build
+// (quantized_keys::build); 32 by default, 64 reads 72 bytes per token at d = 128 instead of 80.
+inline constexpr index_t default_block_dims = 32;
 
 // Bytes of one block of a tile: [group][token][4 bytes]. Byte b of a token's word holds
 // element 8G + b in its low nibble and element 8G + 4 + b in its high nibble.
-inline constexpr index_t block_code_bytes = groups * tokens * 4;
+inline index_t block_code_bytes(index_t groups) { return groups * tokens * 4; }
 
 // Where element t of token j of a block sits, and in which nibble.
 inline index_t code_byte(index_t t, index_t j) { return (t / group_dims) * tokens * 4 + j * 4 + t % 4; }
@@ -107,7 +108,7 @@ inline scan_kernel resolve(scan_kernel k) {
 
 // Centers and radii of heads [h0, h0 + H) for the tokens of one tile: out_c[h * 16 + j].
 // The integer sums run in float lanes of the compiled instruction set (xsimd): they stay
-// below 2^24 (|code * query code| <= 15 * 127 per element, 32 elements), so are exact.
+// below 2^24 (|code * query code| <= 15 * 127 per element, at most 512 elements), so are exact.
 template <index_t H, bool Radius>
 void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* codes, const half* params,
                    float* out_c, float* out_r) {
@@ -122,8 +123,8 @@ void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* cod
     lanes dot[H][V];
     for (index_t h = 0; h < H; ++h)
       for (index_t v = 0; v < V; ++v) dot[h][v] = lanes(0.f);
-    const std::uint8_t* cb = codes + b * block_code_bytes;
-    for (index_t G = 0; G < groups; ++G)
+    const std::uint8_t* cb = codes + b * block_code_bytes(p.groups);
+    for (index_t G = 0; G < p.groups; ++G)
       for (index_t byte = 0; byte < 4; ++byte) {  // elements 8G + byte (low nibble) and 8G + 4 + byte (high)
         for (index_t j = 0; j < tokens; ++j) {
           const int c = cb[G * tokens * 4 + j * 4 + byte];
@@ -131,7 +132,8 @@ void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* cod
           high[j] = static_cast<float>(c >> 4);
         }
         for (index_t h = 0; h < H; ++h) {
-          const std::int8_t* q = p.codes.data() + (h0 + h) * p.blocks * block_dims + b * block_dims + G * group_dims;
+          const index_t block = p.groups * group_dims;
+          const std::int8_t* q = p.codes.data() + (h0 + h) * p.blocks * block + b * block + G * group_dims;
           const lanes ql(static_cast<float>(q[byte])), qh(static_cast<float>(q[4 + byte]));
           for (index_t v = 0; v < V; ++v)
             dot[h][v] = xsimd::fma(qh, lanes::load_aligned(high + v * L),
@@ -172,14 +174,14 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline voi
   const __mmask16 all = 0xffff;  // masked forms: GCC 12 warns on the unmasked ones' undefined source
   for (index_t b = 0; b < p.blocks; ++b) {
     // Two chains per head: the high nibbles in place (16x their code, |sum| <= 240 x 127
-    // x block_dims, exact in int32), shifted once per block instead of once per load.
+    // x 512, exact in int32), shifted once per block instead of once per load.
     __m512i low_dot[H], high_dot[H], dot[H];
     for (index_t h = 0; h < H; ++h) low_dot[h] = high_dot[h] = _mm512_setzero_si512();
-    for (index_t G = 0; G < groups; ++G) {
-      const __m512i v = _mm512_loadu_si512(codes + b * block_code_bytes + G * tokens * 4);
+    for (index_t G = 0; G < p.groups; ++G) {
+      const __m512i v = _mm512_loadu_si512(codes + b * block_code_bytes(p.groups) + G * tokens * 4);
       const __m512i low = _mm512_and_si512(v, low_nibble), high = _mm512_and_si512(v, high_nibble);
       for (index_t h = 0; h < H; ++h) {
-        const std::int32_t* w = p.packed.data() + (((h0 + h) * p.blocks + b) * groups + G) * 2;
+        const std::int32_t* w = p.packed.data() + (((h0 + h) * p.blocks + b) * p.groups + G) * 2;
         low_dot[h] = _mm512_dpbusd_epi32(low_dot[h], low, _mm512_set1_epi32(w[0]));
         high_dot[h] = _mm512_dpbusd_epi32(high_dot[h], high, _mm512_set1_epi32(w[1]));
       }
@@ -263,13 +265,13 @@ __attribute__((target("avx2,fma,f16c"))) void scan_avx2(const quantized_query& p
   for (index_t b = 0; b < p.blocks; ++b) {
     __m256i dot[H][2];
     for (index_t h = 0; h < H; ++h) dot[h][0] = dot[h][1] = _mm256_setzero_si256();
-    for (index_t G = 0; G < groups; ++G)
+    for (index_t G = 0; G < p.groups; ++G)
       for (int s = 0; s < 2; ++s) {
         const __m256i v = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(codes + b * block_code_bytes + G * tokens * 4 + s * 32));
+            reinterpret_cast<const __m256i*>(codes + b * block_code_bytes(p.groups) + G * tokens * 4 + s * 32));
         const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
         for (index_t h = 0; h < H; ++h) {
-          const std::int32_t* w = p.packed.data() + (((h0 + h) * p.blocks + b) * groups + G) * 2;
+          const std::int32_t* w = p.packed.data() + (((h0 + h) * p.blocks + b) * p.groups + G) * 2;
           const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(w[0])),
                                                  _mm256_maddubs_epi16(high, _mm256_set1_epi32(w[1])));
           dot[h][s] = _mm256_add_epi32(dot[h][s], _mm256_madd_epi16(pairs, ones));

@@ -28,11 +28,14 @@ struct quantized_scan {
   // 0 re-ranks every token the bounds admit (then the exact top k is always found); 1
   // or less keeps the k best by estimate with no bounds and no re-rank (reads no keys).
   double rerank_factor = 1.25;
+  // Key elements per 4-bit offset and scale (quantized_keys::build). 64 reads 10 % fewer
+  // bytes at d = 128 and ranks as well; 32 keeps the estimates scan_completion sums tighter.
+  index_t block_dims = quantized_tile::default_block_dims;
 
   using index = quantized_keys;
 
   template <KvView KV>
-  index build(const KV& kv) const { return quantized_keys::build(kv); }
+  index build(const KV& kv) const { return quantized_keys::build(kv, block_dims); }
 
   // The tokens of `middle` (absolute positions, ascending) whose shared-score upper bound
   // reaches the k-th largest lower bound, cut to the best by estimate when capped.
