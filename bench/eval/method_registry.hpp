@@ -45,6 +45,13 @@ method_entry<E> method(std::string name, std::string description, Make make, boo
   return {std::move(name), std::move(description), uses_budget, std::move(erase)};
 }
 
+// A topk_anchors<quantized_scan> selector with 4-bit blocks of `block_dims` elements.
+template <class Selector>
+Selector quantized_blocks_of(Selector s, index_t block_dims) {
+  s.scorer.block_dims = block_dims;
+  return s;
+}
+
 template <Executor E>
 std::vector<method_entry<E>> registered_methods() {
   using floe::estimator;
@@ -75,6 +82,10 @@ std::vector<method_entry<E>> registered_methods() {
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<res::optimized_positive_random>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}}}; }),
       method<E>("topk_anchors:quantized_scan+scan_completion", "as topk_anchors:quantized_scan+none, plus the left-out middle from the scan's estimates: values of the next 2K tokens read (no keys), the rest as estimated mass x their mean value, varied along 8 principal value directions (16-byte sketch per token)",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::scan_completion>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {}}; }),
+      method<E>("topk_anchors:quantized_scan:b64+none", "as topk_anchors:quantized_scan+none with 4-bit blocks of 64 elements (72 bytes per token at d = 128 instead of 80)",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::none>{quantized_blocks_of(sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), 64), {}}; }),
+      method<E>("topk_anchors:quantized_scan:b64+feature_map:cached", "as topk_anchors:quantized_scan+feature_map:cached with 4-bit blocks of 64 elements",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<>>{quantized_blocks_of(sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), 64), {{64}, 0.f, true}}; }),
       method<E>("topk_anchors:page_bounds+none", "sink + tail + the pages (16 tokens) of largest Quest bound in the middle; selection only",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::none>{sel::topk_anchors<sel::page_bounds>::with_budget(b.resolve(n)), {}}; }),
       method<E>("topk_anchors:page_bounds+feature_map", "as topk_anchors:page_bounds+none, plus positive random features (M = 64) for the left-out middle",

@@ -118,10 +118,13 @@ void run(benchmark::State& bench, const Est& est) {
   run_heads(bench, [&](index_t) { return est; });
 }
 
-// topk_anchors reading 5 % of the cache exactly: 4 sinks, a 64-token window, the rest Top-K.
-floe::select::topk_anchors<floe::select::quantized_scan> five_percent(index_t n) {
+// topk_anchors reading 5 % of the cache exactly: 4 sinks, a 64-token window, the rest Top-K;
+// 4-bit keys in blocks of `block_dims` elements.
+floe::select::topk_anchors<floe::select::quantized_scan> five_percent(index_t n, index_t block_dims = 32) {
   const index_t total = n / 20;
-  return {4, 64, floe::budget::tokens(total - 68), {}};
+  floe::select::topk_anchors<floe::select::quantized_scan> s{4, 64, floe::budget::tokens(total - 68), {}};
+  s.scorer.block_dims = block_dims;
+  return s;
 }
 
 void dense(benchmark::State& s) { run(s, floe::estimator<floe::select::dense, floe::residual::none>{}); }
@@ -144,17 +147,18 @@ void topk_quantized_feature_map(benchmark::State& s) {
   run(s, floe::estimator<sel, floe::residual::feature_map<>>(five_percent(data().n), feature_map_of(s)));
 }
 // The same chosen by estimate (no re-rank): the topk_anchors+feature_map with
-// quantized_scan at its cheapest selection.
+// quantized_scan at its cheapest selection. Arg 2: the 4-bit block (elements).
 void topk_quantized_by_estimate_feature_map(benchmark::State& s) {
   using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
-  auto chooser = five_percent(data().n);
+  auto chooser = five_percent(data().n, s.range(2));
   chooser.scorer.rerank_factor = 1.0;
   run(s, floe::estimator<sel, floe::residual::feature_map<>>(chooser, feature_map_of(s)));
 }
 // The same with no re-rank: the k best by 4-bit estimate, no exact keys read to choose.
+// Arg: the 4-bit block (elements).
 void topk_quantized_none_by_estimate(benchmark::State& s) {
   using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
-  auto chooser = five_percent(data().n);
+  auto chooser = five_percent(data().n, s.range(0));
   chooser.scorer.rerank_factor = 1.0;
   run(s, floe::estimator<sel, floe::residual::none>(chooser, {}));
 }
@@ -179,7 +183,7 @@ struct phases {
   using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
   sel selector = five_percent(data().n);
   floe::residual::feature_map<> residual{{64}}, cached{{64}, 0.f, true};
-  std::vector<sel::index> sidx;
+  std::vector<sel::index> sidx, sidx64;  // 4-bit keys in blocks of 32 (the default) and of 64
   std::vector<floe::feature_map_summary> ridx, ridx_cached;
   std::vector<sel::selection> chosen;
   phases() {
@@ -187,6 +191,7 @@ struct phases {
     floe::stats io;
     for (index_t h = 0; h < w.heads; ++h) {
       sidx.push_back(selector.build(w.kv(h)));
+      sidx64.push_back(floe::quantized_keys::build(w.kv(h), 64));
       ridx.push_back(residual.build(w.kv(h), selector, sidx.back()));
       ridx_cached.push_back(cached.build(w.kv(h), selector, sidx.back()));
       chosen.emplace_back();
@@ -211,30 +216,33 @@ void phase_select(benchmark::State& s) {
 }
 
 // Choosing by estimate (rerank_factor = 1, the cheapest selection), and its first
-// part alone: the 4-bit scan of the middle with each head's maximum, no bounds.
+// part alone: the 4-bit scan of the middle with each head's maximum, no bounds. Arg: the
+// 4-bit block (32 or 64 elements).
 void phase_select_by_estimate(benchmark::State& s) {
   const auto& p = phase_data();
   const workload& w = data();
+  const auto& sidx = s.range(0) == 64 ? p.sidx64 : p.sidx;
   auto chooser = p.selector;
   chooser.scorer.rerank_factor = 1.0;
   std::vector<phases::sel::selection> out(w.heads);
   std::vector<floe::stats> io(w.heads);
   for (auto _ : s) {
     floe::bench::start_cold(s);
-    pool().parallel_for(w.heads, [&](index_t h) { chooser.select(p.sidx[h], w.kv(h), w.q(h), floe::exec::simd{}, out[h], io[h]); });
+    pool().parallel_for(w.heads, [&](index_t h) { chooser.select(sidx[h], w.kv(h), w.q(h), floe::exec::simd{}, out[h], io[h]); });
   }
 }
 
 void phase_scan(benchmark::State& s) {
   const auto& p = phase_data();
   const workload& w = data();
+  const auto& sidx = s.range(0) == 64 ? p.sidx64 : p.sidx;
   std::vector<std::vector<float>> estimates(w.heads), maxima(w.heads, std::vector<float>(w.g));
   for (auto _ : s) {
     floe::bench::start_cold(s);
     pool().parallel_for(w.heads, [&](index_t h) {
-      const floe::token_range mid = p.selector.middle(w.n, p.sidx[h]);
+      const floe::token_range mid = p.selector.middle(w.n, sidx[h]);
       estimates[h].resize(w.g * mid.size());
-      p.sidx[h].scan(p.sidx[h].prepare(w.q(h)), mid.begin, mid.end, estimates[h].data(), nullptr, mid.size(),
+      sidx[h].scan(sidx[h].prepare(w.q(h)), mid.begin, mid.end, estimates[h].data(), nullptr, mid.size(),
                      floe::scan_kernel::automatic, maxima[h].data());
       benchmark::DoNotOptimize(maxima[h].data());
     });
@@ -293,13 +301,13 @@ void construct_executor(benchmark::State& s) {
 BENCHMARK(ranking_top_k)->Unit(benchmark::kMicrosecond);
 BENCHMARK(construct_executor)->Unit(benchmark::kMicrosecond);
 BENCHMARK(phase_select)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(phase_select_by_estimate)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(phase_scan)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(phase_select_by_estimate)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(phase_scan)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(phase_attend)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(phase_feature_map)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_none)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(topk_quantized_none_by_estimate)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_none_by_estimate)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_scan_completion)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_by_estimate_scan_completion)
     ->Args({50, 0})->Args({200, 0})->Args({50, 8})->Args({200, 8})
@@ -307,7 +315,7 @@ BENCHMARK(topk_quantized_by_estimate_scan_completion)
 BENCHMARK(topk_quantized_feature_map)
     ->Args({32, 0})->Args({64, 0})->Args({128, 0})->Args({256, 0})->Args({64, 1})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(topk_quantized_by_estimate_feature_map)->Args({64, 0})->Args({64, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_by_estimate_feature_map)->Args({64, 0, 32})->Args({64, 1, 32})->Args({64, 1, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check
 
 // exp_threshold + Horvitz-Thompson with at most 5 % of the cache sampled: arg 0, with the
