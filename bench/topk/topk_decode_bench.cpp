@@ -224,6 +224,7 @@ void phase_select_by_estimate(benchmark::State& s) {
   const auto& sidx = s.range(0) == 64 ? p.sidx64 : p.sidx;
   auto chooser = p.selector;
   chooser.scorer.rerank_factor = 1.0;
+  chooser.scorer.block_dims = s.range(0);
   std::vector<phases::sel::selection> out(w.heads);
   std::vector<floe::stats> io(w.heads);
   for (auto _ : s) {

@@ -196,7 +196,7 @@ TEST_CASE("the scan kernels agree to float rounding", "[topk][quantized]") {
   REQUIRE_THROWS_WITH(idx.scan(idx.prepare(floe::query_group::make(qd.data(), 1, 64)), 0, 101, c.data(), r.data(), 100),
                       Catch::Contains("range"));
   for (const index_t block : {0, 4, 12, 520})
-    REQUIRE_THROWS_WITH(floe::quantized_keys::build(data.view(), block), Catch::Contains("block"));
+    REQUIRE_THROWS_WITH(floe::quantized_keys::build(data.view(), block), Catch::Contains("block_dims"));
   // A query prepared for 32-element blocks cannot scan an index of 64-element ones.
   const auto wide = floe::quantized_keys::build(data.view(), 64);
   REQUIRE_THROWS_WITH(wide.scan(idx.prepare(floe::query_group::make(qd.data(), 1, 64)), 0, 100, c.data(), r.data(), 100),

@@ -35,7 +35,7 @@ class quantized_keys {
   template <KvView KV>
   static quantized_keys build(const KV& kv, index_t block = quantized_tile::default_block_dims) {
     require(block >= quantized_tile::group_dims && block <= 512 && block % quantized_tile::group_dims == 0,
-            "block", "must be a multiple of ", quantized_tile::group_dims, " in [", quantized_tile::group_dims,
+            "block_dims", "must be a multiple of ", quantized_tile::group_dims, " in [", quantized_tile::group_dims,
             ", 512], got ", block);
     quantized_keys idx;
     idx.d_ = kv.d();

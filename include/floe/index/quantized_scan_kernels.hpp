@@ -119,6 +119,7 @@ void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* cod
   for (index_t h = 0; h < H; ++h)
     for (index_t v = 0; v < V; ++v) center[h][v] = radius[h][v] = lanes(0.f);
   alignas(64) float low[tokens], high[tokens], offset[tokens], scale[tokens], magnitude[tokens];
+  const index_t block = p.groups * group_dims;
   for (index_t b = 0; b < p.blocks; ++b) {
     lanes dot[H][V];
     for (index_t h = 0; h < H; ++h)
@@ -132,7 +133,6 @@ void scan_portable(const quantized_query& p, index_t h0, const std::uint8_t* cod
           high[j] = static_cast<float>(c >> 4);
         }
         for (index_t h = 0; h < H; ++h) {
-          const index_t block = p.groups * group_dims;
           const std::int8_t* q = p.codes.data() + (h0 + h) * p.blocks * block + b * block + G * group_dims;
           const lanes ql(static_cast<float>(q[byte])), qh(static_cast<float>(q[4 + byte]));
           for (index_t v = 0; v < V; ++v)
