@@ -10,6 +10,7 @@
 #include "floe/any_estimator.hpp"
 #include "floe/core/budget.hpp"
 #include "floe/estimator.hpp"
+#include "floe/residual/cluster_map.hpp"
 #include "floe/residual/feature_map.hpp"
 #include "floe/residual/feature_maps/optimized_positive_random.hpp"
 #include "floe/residual/scan_completion.hpp"
@@ -80,6 +81,10 @@ std::vector<method_entry<E>> registered_methods() {
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}, 0.f, true}}; }),
       method<E>("topk_anchors:quantized_scan+feature_map:optimized", "as topk_anchors:quantized_scan+feature_map with the variance-optimised positive features (M = 64)",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::feature_map<res::optimized_positive_random>>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {{64}}}; }),
+      method<E>("topk_anchors:exact_scan+feature_map:clusters", "as topk_anchors:exact_scan+none, plus the left-out middle from 64 key clusters, each a Gaussian truncated at the selection threshold",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::exact_scan>, res::cluster_map>{sel::topk_anchors<sel::exact_scan>::with_budget(b.resolve(n)), {}}; }),
+      method<E>("topk_anchors:quantized_scan+feature_map:clusters", "as topk_anchors:quantized_scan+none, plus the left-out middle from 64 key clusters, each a Gaussian truncated at the selection threshold",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::cluster_map>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {}}; }),
       method<E>("topk_anchors:quantized_scan+scan_completion", "as topk_anchors:quantized_scan+none, plus the left-out middle from the scan's estimates: values of the next 2K tokens read (no keys), the rest as estimated mass x their mean value, varied along 8 principal value directions (16-byte sketch per token)",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::quantized_scan>, res::scan_completion>{sel::topk_anchors<sel::quantized_scan>::with_budget(b.resolve(n)), {}}; }),
       method<E>("topk_anchors:quantized_scan:b64+none", "as topk_anchors:quantized_scan+none with 4-bit blocks of 64 elements (72 bytes per token at d = 128 instead of 80)",
@@ -90,6 +95,8 @@ std::vector<method_entry<E>> registered_methods() {
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::none>{sel::topk_anchors<sel::page_bounds>::with_budget(b.resolve(n)), {}}; }),
       method<E>("topk_anchors:page_bounds+feature_map", "as topk_anchors:page_bounds+none, plus positive random features (M = 64) for the left-out middle",
                 [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::feature_map<>>{sel::topk_anchors<sel::page_bounds>::with_budget(b.resolve(n)), {{64}}}; }),
+      method<E>("topk_anchors:page_bounds+feature_map:clusters", "as topk_anchors:page_bounds+none, plus the left-out middle from 64 key clusters, each a Gaussian truncated at the selection threshold",
+                [](budget b, index_t n) { return estimator<sel::topk_anchors<sel::page_bounds>, res::cluster_map>{sel::topk_anchors<sel::page_bounds>::with_budget(b.resolve(n)), {}}; }),
       method<E>("exp_threshold+horvitz_thompson", "Elastic Threshold: keys sampled with probability 1 - exp(-w/tau) (Exp(1)-perturbed threshold over a 4-bit scan), the deepest threshold level within the budget, Horvitz-Thompson estimate; reports a certificate",
                 [](budget b, index_t n) { return estimator<sel::exp_threshold, res::horvitz_thompson>{sel::exp_threshold::with_budget(b.resolve(n)), {}}; }),
       method<E>("exp_threshold:estimate+horvitz_thompson", "as exp_threshold+horvitz_thompson, sampled with the 4-bit estimates' weights: reads only the sample's keys (no candidate keys)",

@@ -25,6 +25,7 @@
 #include "floe/estimator.hpp"
 #include "floe/exec/simd.hpp"
 #include "floe/exec/thread_pool.hpp"
+#include "floe/residual/cluster_map.hpp"
 #include "floe/residual/feature_map.hpp"
 #include "floe/residual/horvitz_thompson.hpp"
 #include "floe/residual/none.hpp"
@@ -153,6 +154,14 @@ void topk_quantized_by_estimate_feature_map(benchmark::State& s) {
   auto chooser = five_percent(data().n, s.range(2));
   chooser.scorer.rerank_factor = 1.0;
   run(s, floe::estimator<sel, floe::residual::feature_map<>>(chooser, feature_map_of(s)));
+}
+// The k best by estimate (blocks of arg 1 elements) completed by the cluster map of arg 0
+// clusters.
+void topk_quantized_by_estimate_clusters(benchmark::State& s) {
+  using sel = floe::select::topk_anchors<floe::select::quantized_scan>;
+  auto chooser = five_percent(data().n, s.range(1));
+  chooser.scorer.rerank_factor = 1.0;
+  run(s, floe::estimator<sel, floe::residual::cluster_map>(chooser, {static_cast<index_t>(s.range(0))}));
 }
 // The same with no re-rank: the k best by 4-bit estimate, no exact keys read to choose.
 // Arg: the 4-bit block (elements).
@@ -317,6 +326,7 @@ BENCHMARK(topk_quantized_feature_map)
     ->Args({32, 0})->Args({64, 0})->Args({128, 0})->Args({256, 0})->Args({64, 1})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(topk_quantized_by_estimate_feature_map)->Args({64, 0, 32})->Args({64, 1, 32})->Args({64, 1, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(topk_quantized_by_estimate_clusters)->Args({64, 64})->Args({256, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(dense)->Unit(benchmark::kMillisecond)->UseRealTime();  // again: drift check
 
 // exp_threshold + Horvitz-Thompson with at most 5 % of the cache sampled: arg 0, with the

@@ -18,6 +18,7 @@
 #include "floe/exec/simd.hpp"
 #include "floe/exec/thread_pool.hpp"
 #include "floe/index/mog_index.hpp"
+#include "floe/residual/cluster_map.hpp"
 #include "floe/residual/feature_map.hpp"
 #include "floe/residual/gaussian_moments.hpp"
 #include "floe/residual/horvitz_thompson.hpp"

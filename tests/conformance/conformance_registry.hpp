@@ -33,6 +33,7 @@ inline auto full_budget_estimators() {
       [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::feature_map<>>(anchored_full(n), {}); },
       [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::feature_map<>>(anchored_full(n), {{}, 0.f, true}); },
       [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::scan_completion>(anchored_full(n), {}); },
+      [](index_t n) { return estimator<select::topk_anchors<select::quantized_scan>, residual::cluster_map>(anchored_full(n), {}); },
       [](index_t n) { return estimator<select::exp_threshold, residual::horvitz_thompson>(select::exp_threshold::with_budget(n), {}); },
       [](index_t n) { return estimator<select::anchor_reuse, residual::none>(single_anchor(n), {}); },
   };
@@ -53,6 +54,7 @@ inline auto partial_budget_estimators() {
       [=](index_t n) { return estimator<by_scan, residual::feature_map<>>(by_scan::with_budget(k(n)), {}); },
       [=](index_t n) { return estimator<by_4bit, residual::feature_map<>>(by_4bit::with_budget(k(n)), {{}, 0.f, true}); },
       [=](index_t n) { return estimator<by_4bit, residual::scan_completion>(by_4bit::with_budget(k(n)), {}); },
+      [=](index_t n) { return estimator<by_4bit, residual::cluster_map>(by_4bit::with_budget(k(n)), {}); },
       [=](index_t n) { return estimator<by_page, residual::feature_map<>>(by_page::with_budget(k(n)), {}); },
       [=](index_t n) { return estimator<select::exp_threshold, residual::horvitz_thompson>(select::exp_threshold::with_budget(k(n)), {}); },
       [=](index_t n) { return estimator<select::anchor_reuse, residual::none>(single_anchor(k(n)), {}); },
