@@ -84,7 +84,12 @@ class cluster_summary {
     s.key_sq_.assign(m * s.d_, 0.0);
     s.value_sum_.assign(m * s.dv_, 0.0);
     s.label_.resize(region.size());
-    for (index_t i = region.begin; i < region.end; ++i) s.add_token(kv, i, km.labels[i - region.begin]);
+    std::vector<float> value(s.dv_);
+    for (index_t i = region.begin; i < region.end; ++i) {
+      detail::widen(kv.value_row(i), value.data(), s.dv_);
+      s.add_token(i, keys.row(static_cast<Eigen::Index>(i - region.begin)).data(), value.data(),
+                  km.labels[i - region.begin]);
+    }
     s.publish_all();
     return s;
   }
@@ -96,13 +101,16 @@ class cluster_summary {
     check_view(kv);
     const index_t to = kv.n() > window_ ? kv.n() - window_ : 0;
     if (to <= region_.end || clusters_ == 0) return;
-    for (index_t i = region_.end; i < to; ++i)  // all checked before any is taken in
-      for (index_t t = 0; t < d_; ++t)
-        require(std::isfinite(to_float(kv.key_row(i)[t])), "keys", "key of token ", i, " is not finite (element ", t, ")");
-    std::vector<char> touched(clusters_, 0);
-    std::vector<float> key(d_);
+    std::vector<float> fresh((to - region_.end) * d_), value(dv_);  // all checked before any is taken in
     for (index_t i = region_.end; i < to; ++i) {
-      for (index_t t = 0; t < d_; ++t) key[t] = to_float(kv.key_row(i)[t]);
+      float* key = fresh.data() + (i - region_.end) * d_;
+      detail::widen(kv.key_row(i), key, d_);
+      for (index_t t = 0; t < d_; ++t)
+        require(std::isfinite(key[t]), "keys", "key of token ", i, " is not finite (element ", t, ")");
+    }
+    std::vector<char> touched(clusters_, 0);
+    for (index_t i = region_.end; i < to; ++i) {
+      const float* key = fresh.data() + (i - region_.end) * d_;
       index_t best = 0;
       double best_d = std::numeric_limits<double>::infinity();
       for (index_t c = 0; c < clusters_; ++c) {
@@ -117,7 +125,8 @@ class cluster_summary {
         }
       }
       label_.push_back(static_cast<std::uint16_t>(best));
-      add_token(kv, i, best);
+      detail::widen(kv.value_row(i), value.data(), dv_);
+      add_token(i, key, value.data(), best);
       touched[best] = 1;
     }
     region_.end = to;
@@ -170,8 +179,11 @@ class cluster_summary {
         for (index_t j = 0; j < dv_; ++j) sum[j] += row[j];
       }
     }
-    std::vector<double> log_mass(clusters_), mean_value(dv_);
-    std::vector<Acc> out(dv_);
+    thread_local std::vector<double> log_mass, mean_value;
+    thread_local std::vector<Acc> out;
+    log_mass.resize(clusters_);
+    mean_value.resize(dv_);
+    out.resize(dv_);
     for (index_t h = 0; h < q.heads; ++h) {
       const float* qh = q.row(h);
       const double s = q.scale;
@@ -215,16 +227,16 @@ class cluster_summary {
     require(kv.n() >= region_.end, "kv", "the cache has ", kv.n(), " tokens, the summary covers up to ", region_.end);
   }
 
-  template <KvView KV>
-  void add_token(const KV& kv, index_t i, index_t c) {
+  // Token i (its key and value widened) into cluster c's sums.
+  void add_token(index_t i, const float* key, const float* value, index_t c) {
     if (label_.size() > i - region_.begin) label_[i - region_.begin] = static_cast<std::uint16_t>(c);
     ++count_[c];
     for (index_t t = 0; t < d_; ++t) {
-      const double x = to_float(kv.key_row(i)[t]);
+      const double x = key[t];
       key_sum_[c * d_ + t] += x;
       key_sq_[c * d_ + t] += x * x;
     }
-    for (index_t j = 0; j < dv_; ++j) value_sum_[c * dv_ + j] += to_float(kv.value_row(i)[j]);
+    for (index_t j = 0; j < dv_; ++j) value_sum_[c * dv_ + j] += value[j];
   }
 
   void publish_all() {

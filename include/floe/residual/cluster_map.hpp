@@ -23,6 +23,7 @@
 #include "floe/index/cluster_summary.hpp"
 #include "floe/residual/anchored_region.hpp"
 #include "floe/select/scorers/gathered_scores.hpp"
+#include "floe/select/scorers/middle_ranking.hpp"
 
 namespace floe::residual {
 
@@ -89,15 +90,10 @@ struct cluster_map {
     const index_t m = tokens.size();
     std::vector<float> z(g * m);
     select::ranking::gathered_scores(kv, q, tokens.data(), m, z.data(), m);
-    std::vector<float> c(g, -std::numeric_limits<float>::infinity());
-    for (index_t h = 0; h < g; ++h)
-      for (index_t j = 0; j < m; ++j) c[h] = std::max(c[h], z[h * m + j]);
-    float f = std::numeric_limits<float>::infinity();
-    for (index_t j = 0; j < m; ++j) {
-      float shared = -std::numeric_limits<float>::infinity();
-      for (index_t h = 0; h < g; ++h) shared = std::max(shared, z[h * m + j] - c[h]);
-      f = std::min(f, shared);
-    }
+    const std::vector<float> c = select::ranking::head_maxima(z.data(), g, m, m);
+    std::vector<float> shared(m);
+    select::ranking::shared_scores(z.data(), g, m, m, c, shared.data());
+    const float f = *std::min_element(shared.begin(), shared.end());
     for (index_t h = 0; h < g; ++h) tau[h] = static_cast<double>(c[h]) + f;
     return tau;
   }
