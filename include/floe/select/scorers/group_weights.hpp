@@ -89,21 +89,23 @@ void group_attention_weights(const KV& kv, const query_group& q, const Exec& exe
 // The k < weight.size() heaviest of the non-negative weights (ties to the lower index), as
 // sorted ranges of out. The k-th largest comes from a radix select: a histogram of the top
 // 12 bits (the order of non-negative floats is that of their bits), then a selection
-// within the one bucket that holds it; one pass in token order writes the set.
+// within the one bucket that holds it; one pass in token order writes the set. The sign
+// bit is dropped from the key so that -0.0 (which -log(1) gives) sorts with +0.0.
 inline void add_top_k(const std::vector<float>& weight, index_t k, selection& out) {
   if (k == 0) return;
   const auto n = static_cast<index_t>(weight.size());
   constexpr int shift = 20;
+  const auto bucket_of = [](float w) { return (std::bit_cast<std::uint32_t>(w) & 0x7fffffffu) >> shift; };
   thread_local std::vector<index_t> histogram;
-  histogram.assign(std::size_t{1} << (32 - shift), 0);
-  for (float w : weight) ++histogram[std::bit_cast<std::uint32_t>(w) >> shift];
+  histogram.assign(std::size_t{1} << (31 - shift), 0);
+  for (float w : weight) ++histogram[bucket_of(w)];
   std::size_t bucket = histogram.size() - 1;
   index_t above = 0;  // weights in buckets above `bucket`
   while (above + histogram[bucket] < k) above += histogram[bucket--];
   thread_local std::vector<float> in_bucket;
   in_bucket.clear();
   for (float w : weight)
-    if ((std::bit_cast<std::uint32_t>(w) >> shift) == bucket) in_bucket.push_back(w);
+    if (bucket_of(w) == bucket) in_bucket.push_back(w);
   const index_t rank = k - above - 1;  // of the k-th largest inside the bucket
   std::nth_element(in_bucket.begin(), in_bucket.begin() + static_cast<std::ptrdiff_t>(rank), in_bucket.end(),
                    std::greater<float>());
