@@ -204,6 +204,42 @@ TEST_CASE("the scan kernels agree to float rounding", "[topk][quantized]") {
   REQUIRE_NOTHROW(wide.scan(wide.prepare(floe::query_group::make(qd.data(), 1, 64)), 0, 100, c.data(), r.data(), 100));
 }
 
+TEST_CASE("the scan's prefetch distance changes no estimate; bad distances are refused", "[topk][quantized]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(17);
+  floe::testing::random_kv<floe::half> data(g, 3000, 128, 8, 0, 0, 2.f);
+  auto idx = floe::quantized_keys::build(data.view(), 64);
+  const auto qd = floe::testing::random_floats(g, 4 * 128, 3.f);
+  const auto p = idx.prepare(floe::query_group::make(qd.data(), 4, 128));
+  // Cut tiles at both ends and runs of more than one VNNI call (64 tiles).
+  const index_t begin = 7, end = 2990, n = end - begin;
+  const auto kernels = scan_kernels();
+  std::vector<std::vector<float>> first_c(kernels.size()), first_r(kernels.size());  // per kernel, at distance 0
+  for (const index_t ahead : {0, 1, 16, 200, 4096}) {
+    INFO("prefetch_tiles " << ahead);
+    idx.set_prefetch_tiles(ahead);
+    REQUIRE(idx.prefetch_tiles() == ahead);
+    for (std::size_t k = 0; k < kernels.size(); ++k) {
+      INFO("kernel " << static_cast<int>(kernels[k]));
+      std::vector<float> c(4 * n), r(4 * n), maxima(4, -std::numeric_limits<float>::infinity());
+      idx.scan(p, begin, end, c.data(), r.data(), n, kernels[k], maxima.data());
+      if (ahead == 0) first_c[k] = c, first_r[k] = r;
+      REQUIRE(c == first_c[k]);
+      REQUIRE(r == first_r[k]);
+      for (index_t h = 0; h < 4; ++h) REQUIRE(maxima[h] == *std::max_element(c.begin() + h * n, c.begin() + (h + 1) * n));
+    }
+  }
+  REQUIRE_THROWS_WITH(idx.set_prefetch_tiles(4097), Catch::Contains("prefetch_tiles"));
+  REQUIRE(idx.prefetch_tiles() == 4096);  // a refused setting leaves the last one
+  for (const char* bad : {"", "-1", "x", "16 ", "4097", "99999", "1e3"})
+    REQUIRE_THROWS_WITH(floe::quantized_tile::parse_prefetch_tiles(bad, "FLOE_SCAN_PREFETCH_TILES"),
+                        Catch::Contains("FLOE_SCAN_PREFETCH_TILES"));
+  REQUIRE(floe::quantized_tile::parse_prefetch_tiles("0", "x") == 0);
+  REQUIRE(floe::quantized_tile::parse_prefetch_tiles("0016", "x") == 16);
+  REQUIRE(floe::quantized_tile::parse_prefetch_tiles("4096", "x") == 4096);
+  REQUIRE(floe::quantized_tile::default_prefetch_tiles() <= 4096);
+}
+
 TEST_CASE("kth_largest and top_k match a full sort, ties and all", "[topk][ranking]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(17);

@@ -71,6 +71,14 @@ class quantized_keys {
     n_ = kv.n();
   }
 
+  // Tiles the scan asks for ahead of itself into L2; 0 leaves it to the hardware prefetcher.
+  // The default depends on the CPU (quantized_tile::default_prefetch_tiles).
+  index_t prefetch_tiles() const { return prefetch_tiles_; }
+  void set_prefetch_tiles(index_t tiles) {
+    require(tiles <= 4096, "prefetch_tiles", tiles, " is not a tile count from 0 to 4096");
+    prefetch_tiles_ = tiles;
+  }
+
   index_t tokens() const { return n_; }
   index_t d() const { return d_; }
   index_t block_dims() const { return block_dims_; }
@@ -148,7 +156,7 @@ class quantized_keys {
     const index_t last_tile = (end + T - 1) / T;
     auto one_tile = [&](index_t tile) {  // any kernel, a whole or cut tile, through out_c / out_r
       const index_t first = std::max(begin, tile * T), last = std::min(end, (tile + 1) * T);
-      if (tile + prefetch_tiles < last_tile) prefetch_tile(tile + prefetch_tiles);
+      if (prefetch_tiles_ > 0 && tile + prefetch_tiles_ < last_tile) prefetch_tile(tile + prefetch_tiles_);
       for (index_t h0 = 0; h0 < p.heads; h0 += P) {
         const index_t hn = std::min(P, p.heads - h0);
         quantized_tile::scan_tile(kernel, p, h0, hn, tile_codes(tile), tile_params_at(tile), out_c, out_r,
@@ -185,7 +193,7 @@ class quantized_keys {
         const index_t count = std::min(run_tiles, whole_end - tile);
         for (index_t h0 = 0; h0 < p.heads; h0 += P)
           quantized_tile::scan_run_vnni(p, h0, std::min(P, p.heads - h0), tile_codes(tile), stride, tile_code_bytes(),
-                                        count, h0 == 0 ? prefetch_tiles : 0, last_tile - tile,
+                                        count, h0 == 0 ? prefetch_tiles_ : 0, last_tile - tile,
                                         center + tile * T - begin, radius ? radius + tile * T - begin : nullptr, ld,
                                         maxima ? run_max.data() : nullptr);
         tile += count;
@@ -201,10 +209,7 @@ class quantized_keys {
   }
 
  private:
-  // Tiles asked for ahead of the scan: with the hardware prefetcher alone it stalls on
-  // DRAM (2-core machine, 4 heads, cold: by estimate 8.4-8.7 ms with, 10.3-11.0 without).
-  // Into L2, not L1 (phase_scan, 4 heads, g = 1, cold: 2.7-3.5 ms into L1, 2.1-2.3 into L2).
-  static constexpr index_t prefetch_tiles = 16;
+  // Into L2, not L1 (Intel, phase_scan, 4 heads, g = 1, cold: 2.7-3.5 ms into L1, 2.1-2.3 into L2).
   void prefetch_tile(index_t tile) const { detail::prefetch_row(tiles_.data() + tile * tile_halves(), tile_halves()); }
 
   // Codes of a tile: [block][quantized_tile::block_code_bytes]. Params of a tile:
@@ -253,6 +258,7 @@ class quantized_keys {
   }
 
   index_t n_ = 0, d_ = 0, blocks_ = 0, block_dims_ = quantized_tile::default_block_dims;
+  index_t prefetch_tiles_ = quantized_tile::default_prefetch_tiles();
   // [tiles][codes, then params]: the scan reads one stream. On huge pages: with 4 KiB
   // pages the scan ran at half the dense kernel's DRAM rate (docs/methods/retrieval-completion.md).
   std::vector<half, huge_page_allocator<half>> tiles_;
