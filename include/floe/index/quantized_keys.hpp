@@ -75,7 +75,8 @@ class quantized_keys {
   // The default depends on the CPU (quantized_tile::default_prefetch_tiles).
   index_t prefetch_tiles() const { return prefetch_tiles_; }
   void set_prefetch_tiles(index_t tiles) {
-    require(tiles <= 4096, "prefetch_tiles", tiles, " is not a tile count from 0 to 4096");
+    require(tiles <= quantized_tile::max_prefetch_tiles, "prefetch_tiles", tiles, " is not a tile count from 0 to ",
+            quantized_tile::max_prefetch_tiles);
     prefetch_tiles_ = tiles;
   }
 
