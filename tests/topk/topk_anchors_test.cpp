@@ -204,7 +204,7 @@ TEST_CASE("the scan kernels agree to float rounding", "[topk][quantized]") {
   REQUIRE_NOTHROW(wide.scan(wide.prepare(floe::query_group::make(qd.data(), 1, 64)), 0, 100, c.data(), r.data(), 100));
 }
 
-TEST_CASE("the scan's prefetch distance changes no estimate; bad distances are refused", "[topk][quantized]") {
+TEST_CASE("the scan's prefetch distance changes no estimate, and bad distances are refused", "[topk][quantized]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(17);
   floe::testing::random_kv<floe::half> data(g, 3000, 128, 8, 0, 0, 2.f);
