@@ -2,6 +2,7 @@
 // it claims to be, bounds hold, budgets resolve as documented, bad input is refused.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cstring>
 #include <array>
 #include <cmath>
 #include <functional>
@@ -264,6 +265,44 @@ TEST_CASE("kth_largest and top_k match a full sort, ties and all", "[topk][ranki
         std::sort(order.begin(), order.end());
         REQUIRE(top == order);
       }
+    }
+  }
+}
+
+TEST_CASE("kth_largest_radix matches a full sort over wide, narrow and tied keys", "[topk][ranking]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(29);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  const float inf = std::numeric_limits<float>::infinity();
+  auto ulps_above = [](float x, int steps) {
+    while (steps-- > 0) x = std::nextafter(x, 0.f);
+    return x;
+  };
+  for (index_t n : {1, 2, 127, 128, 129, 1000, 10328, 70000}) {
+    for (int kind = 0; kind < 6; ++kind) {  // normal, wide exponents, one ulp apart, signed zeros and infinities,
+                                            // a dense cluster with a far tail, two values
+      std::vector<float> x(n);
+      for (index_t i = 0; i < n; ++i) {
+        const float u = unit(g);
+        x[i] = kind == 0   ? normal(g)
+               : kind == 1 ? std::ldexp(normal(g), static_cast<int>(unit(g) * 200) - 100)
+               : kind == 2 ? ulps_above(-7.f, static_cast<int>(i % 5))
+               : kind == 3 ? (u < 0.3f ? 0.f : u < 0.6f ? -0.f : u < 0.7f ? -inf : u < 0.8f ? inf : normal(g))
+               : kind == 4 ? (u < 0.99f ? -3.f + 1e-6f * normal(g) : 50.f * normal(g))
+                           : (u < 0.5f ? 1.f : 2.f);
+      }
+      const std::vector<float> before = x;
+      std::vector<float> sorted = x;
+      std::sort(sorted.begin(), sorted.end(), std::greater<float>{});
+      for (index_t k : {index_t{1}, index_t{2}, n / 3 + 1, n / 2, n - 1, n}) {
+        if (k < 1 || k > n) continue;
+        INFO("n " << n << " kind " << kind << " k " << k);
+        REQUIRE(floe::select::ranking::kth_largest_radix(x.data(), n, k) == sorted[k - 1]);
+      }
+      REQUIRE(std::memcmp(x.data(), before.data(), n * sizeof(float)) == 0);  // the keys are the caller's
+      REQUIRE(floe::select::ranking::kth_largest_radix(x.data(), n, n + 1) == -inf);
+      REQUIRE(floe::select::ranking::kth_largest_radix(x.data(), n, 0) == -inf);
     }
   }
 }

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <cmath>
 #include <cstddef>
@@ -17,6 +16,7 @@
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
+#include "floe/select/scorers/middle_ranking.hpp"
 
 namespace floe::select {
 
@@ -86,32 +86,14 @@ void group_attention_weights(const KV& kv, const query_group& q, const Exec& exe
   }
 }
 
-// The k < weight.size() heaviest of the non-negative weights (ties to the lower index), as
-// sorted ranges of out. The k-th largest comes from a radix select: a histogram of the top
-// 12 bits (the order of non-negative floats is that of their bits), then a selection
-// within the one bucket that holds it; one pass in token order writes the set. The sign
-// bit is dropped from the key so that -0.0 (which -log(1) gives) sorts with +0.0.
+// The k < weight.size() heaviest of the weights (ties to the lower index), as sorted
+// ranges of out: the k-th largest by radix selection, then one pass in token order.
 inline void add_top_k(const std::vector<float>& weight, index_t k, selection& out) {
   if (k == 0) return;
   const auto n = static_cast<index_t>(weight.size());
-  constexpr int shift = 20;
-  const auto bucket_of = [](float w) { return (std::bit_cast<std::uint32_t>(w) & 0x7fffffffu) >> shift; };
-  thread_local std::vector<index_t> histogram;
-  histogram.assign(std::size_t{1} << (31 - shift), 0);
-  for (float w : weight) ++histogram[bucket_of(w)];
-  std::size_t bucket = histogram.size() - 1;
-  index_t above = 0;  // weights in buckets above `bucket`
-  while (above + histogram[bucket] < k) above += histogram[bucket--];
-  thread_local std::vector<float> in_bucket;
-  in_bucket.clear();
-  for (float w : weight)
-    if (bucket_of(w) == bucket) in_bucket.push_back(w);
-  const index_t rank = k - above - 1;  // of the k-th largest inside the bucket
-  std::nth_element(in_bucket.begin(), in_bucket.begin() + static_cast<std::ptrdiff_t>(rank), in_bucket.end(),
-                   std::greater<float>());
-  const float kth = in_bucket[rank];
-  index_t greater = above;
-  for (float w : in_bucket) greater += w > kth;
+  const float kth = ranking::kth_largest_radix(weight.data(), n, k);
+  index_t greater = 0;
+  for (float w : weight) greater += w > kth ? 1 : 0;
   index_t ties = k - greater;  // tokens of weight exactly kth to take, lowest index first
   for (index_t i = 0; i < n; ++i)
     if (weight[i] > kth || (weight[i] == kth && ties > 0 && ties--)) out.add(i, i + 1);
