@@ -56,6 +56,13 @@ std::size_t env_mib(const char* name, std::size_t fallback) {
   return (v && *v ? std::strtoull(v, nullptr, 10) : fallback) << 20;
 }
 
+// FLOE_BENCH_PAGED_IN_ORDER=1: the block table in order (a diagnostic: the same kernel path
+// as the shuffled table, without the jumps between 4 KiB blocks).
+bool paged_in_order() {
+  const char* v = std::getenv("FLOE_BENCH_PAGED_IN_ORDER");
+  return v && *v == '1';
+}
+
 bool huge_pages() {
   const char* v = std::getenv("FLOE_BENCH_HUGEPAGES");
   return v && *v == '1';
@@ -105,7 +112,7 @@ struct kv_set {
       std::memcpy(cache.data() + i, pattern.data(), std::min(pattern.size(), cache.size() - i) * sizeof(T));
     table.resize(n / 16);
     for (index_t b = 0; b < table.size(); ++b) table[b] = static_cast<std::int32_t>(b);
-    std::shuffle(table.begin(), table.end(), g);
+    if (!paged_in_order()) std::shuffle(table.begin(), table.end(), g);
     // Fresh selections rotate independently of the copies, so that what gathered decode
     // reads over many steps is spread over the whole working set, not a cached 5% of it.
     const index_t slots = n / 64, chosen = std::max<index_t>(1, (n / 20 + 32) / 64);

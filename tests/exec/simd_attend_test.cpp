@@ -2,6 +2,10 @@
 // fp32/fp16/bf16, N, d, GQA groups, row strides, paged blocks and gathered ranges.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "floe/exec/scalar.hpp"
 #include "floe/exec/simd.hpp"
 #include "simd_test_support.hpp"
@@ -311,4 +315,71 @@ TEST_CASE("simd attend over a sorted index list equals attend over its ranges", 
   CHECK(argument_of({3, 3}) == "tokens");
   CHECK(argument_of({5, 4}) == "tokens");
   CHECK(argument_of({0, 900}) == "tokens");
+}
+
+TEST_CASE("simd attend reads a paged view's whole blocks in pool order, in table order when repeated or spread",
+          "[exec][simd]") {
+  // Attention does not depend on the order of its rows, so the executor reads a shuffled
+  // table's whole blocks by increasing pool index (and splits over threads in that order).
+  // Every token must still come exactly once, and a table that names a block twice (or
+  // spreads blocks far apart) keeps its order.
+  INFO("seed " << ft::seed());
+  auto g = ft::rng(211);
+  const index_t block = 16, n = 1000, d = 64, blocks = (n + block - 1) / block;  // the last block partial
+  const auto layout = GENERATE(as<std::string>{}, "shuffled", "repeated", "spread");
+  const index_t pool = layout == "spread" ? 200 * blocks : blocks + 5;
+  std::vector<std::int32_t> table(blocks);
+  std::vector<std::int32_t> ids(pool);
+  for (index_t b = 0; b < pool; ++b) ids[b] = static_cast<std::int32_t>(b);
+  std::shuffle(ids.begin(), ids.end(), g);
+  for (index_t b = 0; b < blocks; ++b) table[b] = ids[b];
+  if (layout == "repeated") table[7] = table[40];  // both whole blocks inside the ranges
+  const auto keys = ft::random_elements<floe::half>(g, pool * block * d);
+  const auto values = ft::random_elements<floe::half>(g, pool * block * d);
+  const floe::paged_kv_view<floe::half> kv(keys.data(), values.data(), pool, block, table, n, d, d);
+  const std::vector<token_range> ranges = {{3, 40}, {64, 400}, {500, 999}};
+  INFO("layout " << layout);
+
+  std::vector<token_range> pieces;
+  floe::simd_detail::for_blocks_in_pool_order(kv, std::span<const token_range>(ranges),
+                                              [&](token_range r) { pieces.push_back(r); });
+  std::vector<index_t> want_tokens, got_tokens;
+  std::vector<const floe::half*> whole_blocks;
+  for (const auto& r : ranges)
+    for (index_t i = r.begin; i < r.end; ++i) want_tokens.push_back(i);
+  for (const auto& r : pieces) {
+    REQUIRE(r.begin / block == (r.end - 1) / block);  // a piece lies in one block
+    for (index_t i = r.begin; i < r.end; ++i) got_tokens.push_back(i);
+    if (r.size() == block) whole_blocks.push_back(kv.key_row(r.begin));
+  }
+  std::sort(got_tokens.begin(), got_tokens.end());
+  CHECK(got_tokens == want_tokens);  // every token once
+  std::vector<const floe::half*> table_order;
+  for (const auto& r : ranges)
+    for (index_t b = (r.begin + block - 1) / block; (b + 1) * block <= r.end; ++b) table_order.push_back(kv.key_row(b * block));
+  if (layout == "shuffled") {
+    CHECK(std::is_sorted(whole_blocks.begin(), whole_blocks.end()));
+    CHECK(whole_blocks != table_order);
+  } else {
+    CHECK(whole_blocks == table_order);
+  }
+  // Split-K cuts the pool-ordered pieces: each part reads a stretch of the pool.
+  const auto parts = floe::simd_detail::split_ranges(floe::simd_detail::ranges_in_pool_order(kv, std::span<const token_range>(ranges)),
+                                                    static_cast<index_t>(want_tokens.size()), 3);
+  index_t split_tokens = 0;
+  for (const auto& part : parts)
+    for (const auto& r : part) split_tokens += r.size();
+  CHECK(split_tokens == static_cast<index_t>(want_tokens.size()));
+
+  const auto queries = ft::random_floats(g, 4 * d);
+  const auto q = floe::query_group::make(queries.data(), 4, d);
+  for (const auto arch : ft::runnable_archs()) {
+    INFO("arch " << floe::simd_arch_name(arch));
+    floe::partial_set<double> want(4, d);
+    floe::partial_set<float> got(4, d);
+    floe::exec::scalar{}.attend(kv, q, ranges, want);
+    floe::thread_pool pool(3);
+    floe::exec::simd(floe::exec::simd_options{arch, pool.hook(), 3, 16}).attend(kv, q, ranges, got);
+    CHECK(ft::max_relative_error(got, want) <= 1e-5);
+  }
 }

@@ -19,6 +19,7 @@
 #include "floe/exec/parallel.hpp"
 #include "floe/exec/simd/arch.hpp"
 #include "floe/exec/simd/kernel_api.hpp"
+#include "floe/exec/simd/pool_order.hpp"
 #include "floe/exec/simd/work_split.hpp"
 #include "floe/exec/thread_pool.hpp"
 
@@ -91,7 +92,7 @@ class simd : public batch_decoder<simd> {
       st.merge_into(out);
       return;
     }
-    const auto pieces = simd_detail::split_ranges(ranges, tokens, parts);
+    const auto pieces = split_for_attention(kv, ranges, tokens, parts);
     std::vector<group_state> states(parts, group_state(q.heads, kv.d(), kv.dv()));
     opt_.parallel_for(parts, [&](index_t p) { fold(kv, args, pieces[p], states[p]); });
     for (const auto& st : states) st.merge_into(out);
@@ -182,7 +183,9 @@ class simd : public batch_decoder<simd> {
                     });
   }
 
-  template <KvView KV, class Flush>
+  // AnyOrder: the rows may come in another order (attention); a paged view's whole blocks
+  // then come in pool order (pool_order.hpp).
+  template <bool AnyOrder = false, KvView KV, class Flush>
   static void for_run_batches(const KV& kv, std::span<const token_range> ranges, Flush&& flush) {
     using T = typename KV::element_type;
     constexpr index_t capacity = 1024, batch_tokens = 4096, rows_ahead = 4;
@@ -216,14 +219,29 @@ class simd : public batch_decoder<simd> {
       tokens += count;
       if (used == capacity || tokens >= batch_tokens) hand_over();
     };
-    for (const token_range& r : ranges) {
-      if constexpr (requires { kv.for_each_run(r.begin, r.end, [](index_t, index_t, const T*, const T*) {}); })
-        kv.for_each_run(r.begin, r.end, [&](index_t, index_t count, const T* k, const T* v) { push(k, v, count); });
-      else
-        for (index_t i = r.begin; i < r.end; ++i) push(kv.key_row(i), kv.value_row(i), 1);
-    }
+    if constexpr (AnyOrder && requires { kv.block_table(); })
+      simd_detail::for_blocks_in_pool_order(kv, ranges,
+                                            [&](token_range r) { push(kv.key_row(r.begin), kv.value_row(r.begin), r.size()); });
+    else
+      for (const token_range& r : ranges) {
+        if constexpr (requires { kv.for_each_run(r.begin, r.end, [](index_t, index_t, const T*, const T*) {}); })
+          kv.for_each_run(r.begin, r.end, [&](index_t, index_t count, const T* k, const T* v) { push(k, v, count); });
+        else
+          for (index_t i = r.begin; i < r.end; ++i) push(kv.key_row(i), kv.value_row(i), 1);
+      }
     if (used) hand_over();
     if (ready) flush(runs[cur ^ 1], ready, ready_tokens);
+  }
+
+  // Split-K pieces of `ranges` for attention: a paged view's blocks are cut in pool order,
+  // so that each part streams through its own stretch of the pool.
+  template <KvView KV>
+  static std::vector<std::vector<token_range>> split_for_attention(const KV& kv, std::span<const token_range> ranges,
+                                                                   index_t tokens, index_t parts) {
+    if constexpr (requires { kv.block_table(); })
+      return simd_detail::split_ranges(simd_detail::ranges_in_pool_order(kv, ranges), tokens, parts);
+    else
+      return simd_detail::split_ranges(ranges, tokens, parts);
   }
 
   template <KvView KV>
@@ -232,7 +250,7 @@ class simd : public batch_decoder<simd> {
     using T = typename KV::element_type;
     const auto& kernel = kernels_->template of<T>();
     const auto state = st.view();
-    for_run_batches(kv, ranges, [&](const simd_detail::row_run<T>* runs, index_t count, index_t) {
+    for_run_batches<true>(kv, ranges, [&](const simd_detail::row_run<T>* runs, index_t count, index_t) {
       kernel.attend(args, runs, count, state);
     });
   }
@@ -282,7 +300,7 @@ class simd : public batch_decoder<simd> {
       if (p.tokens == 0) continue;
       if (parts == 1) tasks.push_back({gi, p.ranges});
       else
-        for (auto& piece : simd_detail::split_ranges(p.ranges, p.tokens, parts)) tasks.push_back({gi, std::move(piece)});
+        for (auto& piece : split_for_attention(*p.kv, p.ranges, p.tokens, parts)) tasks.push_back({gi, std::move(piece)});
     }
     first_task[groups] = tasks.size();
     std::vector<group_state> states;
