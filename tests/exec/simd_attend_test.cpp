@@ -326,7 +326,7 @@ TEST_CASE("simd attend reads a paged view's whole blocks in pool order, in table
   INFO("seed " << ft::seed());
   auto g = ft::rng(211);
   const index_t block = 16, n = 1000, d = 64, blocks = (n + block - 1) / block;  // the last block partial
-  const auto layout = GENERATE(as<std::string>{}, "shuffled", "repeated", "spread");
+  const auto layout = GENERATE(as<std::string>{}, "shuffled", "repeated", "spread", "ordered");
   const index_t pool = layout == "spread" ? 200 * blocks : blocks + 5;
   std::vector<std::int32_t> table(blocks);
   std::vector<std::int32_t> ids(pool);
@@ -334,6 +334,7 @@ TEST_CASE("simd attend reads a paged view's whole blocks in pool order, in table
   std::shuffle(ids.begin(), ids.end(), g);
   for (index_t b = 0; b < blocks; ++b) table[b] = ids[b];
   if (layout == "repeated") table[7] = table[40];  // both whole blocks inside the ranges
+  if (layout == "ordered") std::sort(table.begin(), table.end());
   const auto keys = ft::random_elements<floe::half>(g, pool * block * d);
   const auto values = ft::random_elements<floe::half>(g, pool * block * d);
   const floe::paged_kv_view<floe::half> kv(keys.data(), values.data(), pool, block, table, n, d, d);
@@ -360,7 +361,8 @@ TEST_CASE("simd attend reads a paged view's whole blocks in pool order, in table
   if (layout == "shuffled") {
     CHECK(std::is_sorted(whole_blocks.begin(), whole_blocks.end()));
     CHECK(whole_blocks != table_order);
-  } else {
+  } else {  // repeated and spread keep the table's order, and an ordered table is pool order
+    if (layout == "ordered") CHECK(std::is_sorted(whole_blocks.begin(), whole_blocks.end()));
     CHECK(whole_blocks == table_order);
   }
   // Split-K cuts the pool-ordered pieces: each part reads a stretch of the pool.

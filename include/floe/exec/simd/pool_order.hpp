@@ -16,9 +16,9 @@ namespace floe::simd_detail {
 
 // Calls emit(token_range) for every piece of `ranges` in `kv` (a paged view) that lies in
 // one block: pieces shorter than a block first, then the whole blocks in increasing pool
-// index. Keeps the ranges' order for the whole blocks when the table repeats a block among
-// them, or when their pool indices spread over more than 64 times their count (a bitmap
-// would cost more than it saves).
+// index. Keeps the ranges' order for the whole blocks when it is that order already, when
+// the table repeats a block among them, or when their pool indices spread over more than
+// 64 times their count (a bitmap would cost more than it saves).
 template <class KV, class Emit>
 void for_blocks_in_pool_order(const KV& kv, std::span<const token_range> ranges, Emit&& emit) {
   const index_t bs = kv.block_size();
@@ -38,12 +38,15 @@ void for_blocks_in_pool_order(const KV& kv, std::span<const token_range> ranges,
   };
   if (whole.size() < 2) return in_given_order();
   index_t first = static_cast<index_t>(table[whole[0]]), last = first;
-  for (index_t b : whole) {
-    first = std::min(first, static_cast<index_t>(table[b]));
-    last = std::max(last, static_cast<index_t>(table[b]));
+  bool increasing = true;  // already in pool order (an in-order table, or a part of a split)
+  for (index_t i = 1; i < whole.size(); ++i) {
+    const index_t at = static_cast<index_t>(table[whole[i]]);
+    increasing = increasing && at > static_cast<index_t>(table[whole[i - 1]]);
+    first = std::min(first, at);
+    last = std::max(last, at);
   }
   const index_t span = last - first + 1;
-  if (span > 64 * whole.size()) return in_given_order();
+  if (increasing || span > 64 * whole.size()) return in_given_order();
   // Pool slot -> logical block: a bitmap of the slots in use, and each slot's block.
   thread_local std::vector<index_t> block_at;
   seen.assign(span / 64 + 1, 0);
