@@ -8,6 +8,12 @@
 //   FLOE_BENCH_WORKING_SET_MIB=2048  KV copies rotated per iteration (a cold cache, as in a
 //                                    model whose other layers evict this one between steps)
 //   FLOE_BENCH_HUGEPAGES=1           KV caches in transparent huge pages (madvise)
+//   FLOE_BENCH_PAGED_POOL=S          paged views draw their blocks from a pool S times the
+//                                    sequence's blocks (other sequences' blocks in between);
+//                                    1 (default): a pool of exactly the sequence's blocks.
+//                                    Paged cases then also measure the scattered-read
+//                                    reference (scattered_GB/s, bw_fraction_scattered)
+//   FLOE_BENCH_PAGED_BLOCK=B         tokens per paged block (default 16; cases "paged<B>")
 //   FLOE_SIMD_ARCH=avx512|avx2|scalar
 #include <benchmark/benchmark.h>
 
@@ -19,6 +25,7 @@
 #include <random>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -49,7 +56,8 @@ struct shape_config {
 };
 
 enum class executor_kind { simd, scalar };
-enum class access_kind { dense, gathered, paged16 };  // gathered: 64-token ranges covering 5% of N
+// gathered: 64-token ranges covering 5% of N; paged: blocks of FLOE_BENCH_PAGED_BLOCK tokens
+enum class access_kind { dense, gathered, paged };
 
 std::size_t env_mib(const char* name, std::size_t fallback) {
   const char* v = std::getenv(name);
@@ -61,6 +69,18 @@ std::size_t env_mib(const char* name, std::size_t fallback) {
 bool paged_in_order() {
   const char* v = std::getenv("FLOE_BENCH_PAGED_IN_ORDER");
   return v && *v == '1';
+}
+
+// FLOE_BENCH_PAGED_POOL=S: each (copy, head) gets its own table of distinct slots drawn at
+// random from a pool of S x its blocks, as if S sequences' blocks were interleaved.
+index_t paged_pool_factor() {
+  const char* v = std::getenv("FLOE_BENCH_PAGED_POOL");
+  return v && *v ? std::max<index_t>(1, std::strtoull(v, nullptr, 10)) : 1;
+}
+
+index_t paged_block() {
+  const char* v = std::getenv("FLOE_BENCH_PAGED_BLOCK");
+  return v && *v ? std::max<index_t>(1, std::strtoull(v, nullptr, 10)) : 16;
 }
 
 bool huge_pages() {
@@ -85,6 +105,7 @@ struct kv_set {
   std::unique_ptr<void, decltype(&std::free)> storage{nullptr, &std::free};  // holds `cache`
   std::span<T> cache;                       // [copy][head][keys n*d | values n*d], on 64-byte lines
   std::vector<std::int32_t> table;          // a shuffled block table (16-token blocks)
+  std::vector<std::vector<std::int32_t>> sparse_tables;  // [copy * heads + head], FLOE_BENCH_PAGED_POOL > 1
   std::vector<std::vector<std::vector<token_range>>> exact;  // [selection][head]: gathered ranges
   std::vector<float> queries, outputs;      // [copy][Hq][d]
 
@@ -110,9 +131,24 @@ struct kv_set {
     for (auto& x : pattern) x = floe::from_float<T>(normal(g));
     for (std::size_t i = 0; i < cache.size(); i += pattern.size())
       std::memcpy(cache.data() + i, pattern.data(), std::min(pattern.size(), cache.size() - i) * sizeof(T));
-    table.resize(n / 16);
+    if (n % paged_block() != 0)
+      throw std::invalid_argument(join("FLOE_BENCH_PAGED_BLOCK=", paged_block(), " does not divide N = ", n));
+    table.resize(n / paged_block());
     for (index_t b = 0; b < table.size(); ++b) table[b] = static_cast<std::int32_t>(b);
     if (!paged_in_order()) std::shuffle(table.begin(), table.end(), g);
+    if (const index_t spread = paged_pool_factor(); spread > 1) {
+      const index_t pool = pool_blocks();
+      if (2 * pool * paged_block() * s.d > cache.size())
+        throw std::invalid_argument(join("FLOE_BENCH_PAGED_POOL=", spread, " needs a working set of ", spread,
+                                         " x one head's KV (raise FLOE_BENCH_WORKING_SET_MIB)"));
+      std::vector<std::int32_t> slots(pool);
+      for (index_t i = 0; i < pool; ++i) slots[i] = static_cast<std::int32_t>(i);
+      for (index_t v = 0; v < copies * s.kv_heads; ++v) {
+        std::shuffle(slots.begin(), slots.end(), g);  // a random subset, in random order
+        sparse_tables.emplace_back(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(table.size()));
+        if (paged_in_order()) std::sort(sparse_tables.back().begin(), sparse_tables.back().end());
+      }
+    }
     // Fresh selections rotate independently of the copies, so that what gathered decode
     // reads over many steps is spread over the whole working set, not a cached 5% of it.
     const index_t slots = n / 64, chosen = std::max<index_t>(1, (n / 20 + 32) / 64);
@@ -132,6 +168,7 @@ struct kv_set {
     outputs.resize(copies * s.q_heads * s.d);
   }
 
+  index_t pool_blocks() const { return paged_pool_factor() * (n / paged_block()); }
   const T* keys(index_t copy, index_t head) const { return cache.data() + (copy * shape.kv_heads + head) * 2 * n * shape.d; }
   const T* values(index_t copy, index_t head) const { return keys(copy, head) + n * shape.d; }
 };
@@ -172,9 +209,17 @@ batch_views<floe::paged_kv_view<T>> paged_views(const kv_set<T>& set) {
   batch_views<floe::paged_kv_view<T>> v;
   for (index_t c = 0; c < set.copies; ++c) {
     v.heads.emplace_back();
-    for (index_t h = 0; h < set.shape.kv_heads; ++h)
-      v.heads.back().emplace_back(set.keys(c, h), set.values(c, h), set.n / 16, 16, set.table, set.n, set.shape.d,
-                                  set.shape.d);
+    for (index_t h = 0; h < set.shape.kv_heads; ++h) {
+      if (set.sparse_tables.empty()) {
+        v.heads.back().emplace_back(set.keys(c, h), set.values(c, h), set.n / paged_block(), paged_block(), set.table,
+                                    set.n, set.shape.d, set.shape.d);
+      } else {  // one pool shared by every view: keys, then values
+        const index_t pool = set.pool_blocks();
+        v.heads.back().emplace_back(set.cache.data(), set.cache.data() + pool * paged_block() * set.shape.d, pool,
+                                    paged_block(), set.sparse_tables[c * set.shape.kv_heads + h], set.n, set.shape.d,
+                                    set.shape.d);
+      }
+    }
   }
   return v;
 }
@@ -233,7 +278,7 @@ void bm_decode(benchmark::State& state, shape_config s, index_t n, executor_kind
       selection = (selection + 1) % selections;
     }
   };
-  if (access == access_kind::paged16) {
+  if (access == access_kind::paged) {
     auto views = paged_views(set);
     run(views);
   } else {
@@ -247,6 +292,14 @@ void bm_decode(benchmark::State& state, shape_config s, index_t n, executor_kind
       benchmark::Counter(bytes * 1e-9 / stream_gbps, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["stream_GB/s"] = stream_gbps;
   state.counters["copies"] = static_cast<double>(set.copies);
+  if (access == access_kind::paged && paged_pool_factor() > 1) {
+    // A sparse pool's own reference: one block-sized chunk out of every S, in address order.
+    const double scattered =
+        stream_buffer().measure_scattered(pool, paged_block() * s.d * sizeof(T), paged_pool_factor(), 7).median_gbps;
+    state.counters["scattered_GB/s"] = scattered;
+    state.counters["bw_fraction_scattered"] =
+        benchmark::Counter(bytes * 1e-9 / scattered, benchmark::Counter::kIsIterationInvariantRate);
+  }
   state.SetLabel(exec_kind == executor_kind::simd ? std::string(floe::simd_arch_name(simd.arch())) : "double");
 }
 
@@ -262,13 +315,15 @@ void bm_stream_read(benchmark::State& state, index_t threads) {
 template <class T>
 void register_cases(shape_config s, index_t n) {
   const std::string tail = join("/", floe::element_name<T>(), "/", s.name(), "/N:", n);
+  const std::string paged_name = join("paged", paged_block());
   const std::pair<const char*, access_kind> accesses[] = {
-      {"dense", access_kind::dense}, {"gathered", access_kind::gathered}, {"paged16", access_kind::paged16}};
+      {"dense", access_kind::dense}, {"gathered", access_kind::gathered}, {"paged", access_kind::paged}};
   for (const auto& [access_name, access] : accesses)
     for (const auto exec_kind : {executor_kind::simd, executor_kind::scalar}) {
-      if (exec_kind == executor_kind::scalar && access == access_kind::paged16) continue;
+      if (exec_kind == executor_kind::scalar && access == access_kind::paged) continue;
       for (index_t threads : {1, 2}) {
-        const std::string name = join("decode/", exec_kind == executor_kind::simd ? "simd/" : "scalar/", access_name,
+        const std::string name = join("decode/", exec_kind == executor_kind::simd ? "simd/" : "scalar/",
+                                      access == access_kind::paged ? paged_name.c_str() : access_name,
                                       tail, "/threads:", threads);
         benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
           bm_decode<T>(st, s, n, exec_kind, access, threads);

@@ -95,4 +95,41 @@ stream_result stream_reader::measure(thread_pool& pool, int repetitions) const {
   return {gbps[gbps.size() / 2], gbps.back(), per_thread * threads * 8};
 }
 
+stream_result stream_reader::measure_scattered(thread_pool& pool, std::size_t chunk_bytes, std::size_t spread,
+                                              int repetitions) const {
+  const std::size_t chunk_words = std::max<std::size_t>(8, chunk_bytes / 64 * 8);
+  const std::size_t stretches = words_ / chunk_words / std::max<std::size_t>(1, spread);
+  const std::size_t threads = pool.size(), per_thread = stretches / threads;
+  std::vector<std::uint64_t> sums(threads);
+  std::vector<std::size_t> chosen(stretches);  // word offset of each stretch's chunk
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto pass = [&] {
+    for (std::size_t s = 0; s < stretches; ++s) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;  // a fresh place per pass
+      chosen[s] = (s * spread + (state >> 33) % spread) * chunk_words;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(threads, [&](index_t t) {
+      std::uint64_t sum = 0;
+      for (std::size_t s = t * per_thread; s < (t + 1) * per_thread; ++s) {
+        if (s + 1 < (t + 1) * per_thread) {
+          const char* next = reinterpret_cast<const char*>(data_ + chosen[s + 1]);
+          for (std::size_t b = 0; b < chunk_words * 8; b += 64) __builtin_prefetch(next + b, 0, 2);
+        }
+        sum += stream_sum(data_ + chosen[s], chunk_words);
+      }
+      sums[t] = sum;
+    });
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  pass();  // warm up the threads
+  std::vector<double> gbps;
+  for (int r = 0; r < repetitions; ++r)
+    gbps.push_back(static_cast<double>(per_thread * threads * chunk_words * 8) / pass() * 1e-9);
+  volatile std::uint64_t sink = 0;
+  for (auto x : sums) sink = sink + x;
+  std::sort(gbps.begin(), gbps.end());
+  return {gbps[gbps.size() / 2], gbps.back(), per_thread * threads * chunk_words * 8};
+}
+
 }  // namespace floe::bench

@@ -25,6 +25,11 @@ class stream_reader {
   explicit stream_reader(std::size_t bytes);
   // Reads the buffer `repetitions` times on `pool`, each thread its own contiguous part.
   stream_result measure(thread_pool& pool, int repetitions) const;
+  // The reference for a sparse paged pool: reads one `chunk_bytes` chunk out of every
+  // `spread` (at a random place in each stretch, a fresh choice each pass), in address
+  // order, asking for the next chunk's lines before summing one. Each thread its own part.
+  stream_result measure_scattered(thread_pool& pool, std::size_t chunk_bytes, std::size_t spread,
+                                  int repetitions) const;
 
  private:
   std::size_t words_;

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 
-NAME = re.compile(r"decode/(?P<exec>simd|scalar)/(?P<access>dense|gathered|paged16)/(?P<type>\w+)/"
+NAME = re.compile(r"decode/(?P<exec>simd|scalar)/(?P<access>dense|gathered|paged\d+)/(?P<type>\w+)/"
                   r"(?P<shape>d\d+_hq\d+_hkv\d+)/N:(?P<n>\d+)/threads:(?P<threads>\d+)")
 
 
@@ -27,6 +27,7 @@ def use_cpu_time(b):
         b["GB/s"] *= b["real_time"] / b["cpu_time"]
     b["real_time"] = b["cpu_time"]
     b.pop("bw_fraction", None)
+    b.pop("bw_fraction_scattered", None)
     return b
 
 
@@ -50,15 +51,17 @@ def main(path, cpu=False):
         if cpu:
             b = use_cpu_time(b)
         key = (m["type"], m["shape"], int(m["n"]), int(m["threads"]))
-        rows.setdefault(key, {})[(m["exec"], m["access"])] = b
+        access = "paged" if m["access"].startswith("paged") else m["access"]  # any block size
+        rows.setdefault(key, {})[(m["exec"], access)] = b
     print()
     print("| KV | shape | N | thr | simd dense ms | GB/s | bw_fraction | scalar dense ms | speedup "
-          "| simd gathered GB/s | gathered/dense | scalar gathered ms | paged16 GB/s | paged/dense |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| simd gathered GB/s | gathered/dense | scalar gathered ms | paged GB/s | paged/dense "
+          "| scattered read GB/s | paged/scattered |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(rows, key=lambda k: (k[1] != "d128_hq32_hkv8", k[0], k[2], k[3])):
         r = rows[key]
         dense, sdense = r.get(("simd", "dense")), r.get(("scalar", "dense"))
-        gath, sgath, paged = r.get(("simd", "gathered")), r.get(("scalar", "gathered")), r.get(("simd", "paged16"))
+        gath, sgath, paged = r.get(("simd", "gathered")), r.get(("scalar", "gathered")), r.get(("simd", "paged"))
         cell = lambda b, k, fmt: fmt.format(b[k]) if b and k in b else "-"
         speedup = f"{sdense['real_time'] / dense['real_time']:.1f}x" if dense and sdense else "-"
         g_ratio = f"{gath['GB/s'] / dense['GB/s']:.2f}" if gath and dense else "-"
@@ -66,7 +69,8 @@ def main(path, cpu=False):
         print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {cell(dense, 'real_time', '{:.2f}')} "
               f"| {cell(dense, 'GB/s', '{:.2f}')} | {cell(dense, 'bw_fraction', '{:.2f}')} "
               f"| {cell(sdense, 'real_time', '{:.1f}')} | {speedup} | {cell(gath, 'GB/s', '{:.2f}')} | {g_ratio} "
-              f"| {cell(sgath, 'real_time', '{:.2f}')} | {cell(paged, 'GB/s', '{:.2f}')} | {p_ratio} |")
+              f"| {cell(sgath, 'real_time', '{:.2f}')} | {cell(paged, 'GB/s', '{:.2f}')} | {p_ratio} "
+              f"| {cell(paged, 'scattered_GB/s', '{:.2f}')} | {cell(paged, 'bw_fraction_scattered', '{:.2f}')} |")
 
 
 if __name__ == "__main__":
