@@ -7,7 +7,8 @@
 //                                    (median of 3 passes) right before every case
 //   FLOE_BENCH_WORKING_SET_MIB=2048  KV copies rotated per iteration (a cold cache, as in a
 //                                    model whose other layers evict this one between steps)
-//   FLOE_BENCH_HUGEPAGES=1           KV caches in transparent huge pages (madvise)
+//   FLOE_BENCH_HUGEPAGES=1           KV caches and the streaming-read buffer in transparent
+//                                    huge pages (madvise)
 //   FLOE_BENCH_PAGED_POOL=S          paged views draw their blocks from a pool S times the
 //                                    sequence's blocks (other sequences' blocks in between);
 //                                    1 (default): a pool of exactly the sequence's blocks.
@@ -90,7 +91,7 @@ bool huge_pages() {
 
 // The streaming-read buffer, allocated once; every case measures against it afresh.
 const floe::bench::stream_reader& stream_buffer() {
-  static const floe::bench::stream_reader reader(env_mib("FLOE_BENCH_STREAM_MIB", 1024));
+  static const floe::bench::stream_reader reader(env_mib("FLOE_BENCH_STREAM_MIB", 1024), huge_pages());
   return reader;
 }
 

@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
 #endif
 
 namespace floe::bench {
@@ -67,9 +72,16 @@ std::uint64_t stream_sum(const std::uint64_t* words, std::size_t count) {
   return sum_plain(words, count);
 }
 
-stream_reader::stream_reader(std::size_t bytes) : words_(bytes / 64 * 8), buffer_(new std::uint64_t[words_ + 8]) {
-  const auto address = reinterpret_cast<std::uintptr_t>(buffer_.get());
-  std::uint64_t* data = buffer_.get() + (64 - address % 64) % 64 / 8;  // aligned like the KV caches
+stream_reader::stream_reader(std::size_t bytes, bool huge_pages)
+    : words_(bytes / 64 * 8), buffer_(nullptr, &std::free) {
+  const std::size_t align = huge_pages ? std::size_t{2} << 20 : 64;  // aligned like the KV caches
+  const std::size_t size = (words_ * 8 + align - 1) / align * align;
+  buffer_.reset(std::aligned_alloc(align, size));
+  if (!buffer_) throw std::bad_alloc();
+#if defined(MADV_HUGEPAGE)
+  if (huge_pages) madvise(buffer_.get(), size, MADV_HUGEPAGE);
+#endif
+  auto* data = static_cast<std::uint64_t*>(buffer_.get());
   for (std::size_t i = 0; i < words_; ++i) data[i] = i;
   data_ = data;
 }

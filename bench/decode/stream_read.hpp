@@ -22,7 +22,8 @@ struct stream_result {
 // A buffer of `bytes` (written once, so its pages exist) that measure() reads whole.
 class stream_reader {
  public:
-  explicit stream_reader(std::size_t bytes);
+  // huge_pages: on 2 MiB pages (madvise before the first touch), like KV caches placed so.
+  explicit stream_reader(std::size_t bytes, bool huge_pages = false);
   // Reads the buffer `repetitions` times on `pool`, each thread its own contiguous part.
   stream_result measure(thread_pool& pool, int repetitions) const;
   // The reference for a sparse paged pool: reads one `chunk_bytes` chunk out of every
@@ -33,7 +34,7 @@ class stream_reader {
 
  private:
   std::size_t words_;
-  std::unique_ptr<std::uint64_t[]> buffer_;  // words_ from data_, which starts on a 64-byte line
+  std::unique_ptr<void, void (*)(void*)> buffer_;  // words_ from data_, on a 64-byte line (or 2 MiB)
   const std::uint64_t* data_;
 };
 
