@@ -26,7 +26,6 @@
 #include <random>
 #include <span>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -107,6 +106,7 @@ struct kv_set {
   std::span<T> cache;                       // [copy][head][keys n*d | values n*d], on 64-byte lines
   std::vector<std::int32_t> table;          // a shuffled block table (16-token blocks)
   std::vector<std::vector<std::int32_t>> sparse_tables;  // [copy * heads + head], FLOE_BENCH_PAGED_POOL > 1
+  std::string paged_error;  // a FLOE_BENCH_PAGED_* setting that does not fit: the paged cases say so
   std::vector<std::vector<std::vector<token_range>>> exact;  // [selection][head]: gathered ranges
   std::vector<float> queries, outputs;      // [copy][Hq][d]
 
@@ -133,15 +133,18 @@ struct kv_set {
     for (std::size_t i = 0; i < cache.size(); i += pattern.size())
       std::memcpy(cache.data() + i, pattern.data(), std::min(pattern.size(), cache.size() - i) * sizeof(T));
     if (n % paged_block() != 0)
-      throw std::invalid_argument(join("FLOE_BENCH_PAGED_BLOCK=", paged_block(), " does not divide N = ", n));
+      paged_error = join("FLOE_BENCH_PAGED_BLOCK=", paged_block(), " does not divide N = ", n);
     table.resize(n / paged_block());
     for (index_t b = 0; b < table.size(); ++b) table[b] = static_cast<std::int32_t>(b);
     if (!paged_in_order()) std::shuffle(table.begin(), table.end(), g);
-    if (const index_t spread = paged_pool_factor(); spread > 1) {
+    if (const index_t spread = paged_pool_factor(); spread > 1 && paged_error.empty()) {
       const index_t pool = pool_blocks();
       if (2 * pool * paged_block() * s.d > cache.size())
-        throw std::invalid_argument(join("FLOE_BENCH_PAGED_POOL=", spread, " needs a working set of ", spread,
-                                         " x one head's KV (raise FLOE_BENCH_WORKING_SET_MIB)"));
+        paged_error = join("FLOE_BENCH_PAGED_POOL=", spread, " needs a working set of ", spread,
+                           " x one head's KV (raise FLOE_BENCH_WORKING_SET_MIB)");
+    }
+    if (const index_t spread = paged_pool_factor(); spread > 1 && paged_error.empty()) {
+      const index_t pool = pool_blocks();
       std::vector<std::int32_t> slots(pool);
       for (index_t i = 0; i < pool; ++i) slots[i] = static_cast<std::int32_t>(i);
       for (index_t v = 0; v < copies * s.kv_heads; ++v) {
@@ -252,6 +255,10 @@ template <class T>
 void bm_decode(benchmark::State& state, shape_config s, index_t n, executor_kind exec_kind, access_kind access,
                index_t threads) {
   const kv_set<T>& set = cached_kv_set<T>(s, n);
+  if (access == access_kind::paged && !set.paged_error.empty()) {
+    state.SkipWithError(set.paged_error.c_str());
+    return;
+  }
   floe::thread_pool pool(threads);
   // The reference bandwidth, measured just before the case: the same threads, the same
   // moment's load from whatever else runs on the machine.
