@@ -305,8 +305,9 @@ void bm_decode(benchmark::State& state, shape_config s, index_t n, executor_kind
     const double scattered =
         stream_buffer().measure_scattered(pool, paged_block() * s.d * sizeof(T), paged_pool_factor(), 7).median_gbps;
     state.counters["scattered_GB/s"] = scattered;
-    state.counters["bw_fraction_scattered"] =
-        benchmark::Counter(bytes * 1e-9 / scattered, benchmark::Counter::kIsIterationInvariantRate);
+    if (scattered > 0)  // 0: the buffer holds fewer stretches than threads (FLOE_BENCH_STREAM_MIB too small)
+      state.counters["bw_fraction_scattered"] =
+          benchmark::Counter(bytes * 1e-9 / scattered, benchmark::Counter::kIsIterationInvariantRate);
   }
   state.SetLabel(exec_kind == executor_kind::simd ? std::string(floe::simd_arch_name(simd.arch())) : "double");
 }

@@ -112,6 +112,7 @@ stream_result stream_reader::measure_scattered(thread_pool& pool, std::size_t ch
   const std::size_t chunk_words = std::max<std::size_t>(8, chunk_bytes / 64 * 8);
   const std::size_t stretches = words_ / chunk_words / std::max<std::size_t>(1, spread);
   const std::size_t threads = pool.size(), per_thread = stretches / threads;
+  if (per_thread == 0) return {};  // too few chunks for the threads: no measurement
   std::vector<std::uint64_t> sums(threads);
   std::vector<std::size_t> chosen(stretches);  // word offset of each stretch's chunk
   std::uint64_t state = 0x9e3779b97f4a7c15ull;
