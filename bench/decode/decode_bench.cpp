@@ -59,10 +59,12 @@ enum class executor_kind { simd, scalar };
 // gathered: 64-token ranges covering 5% of N; paged: blocks of FLOE_BENCH_PAGED_BLOCK tokens
 enum class access_kind { dense, gathered, paged };
 
-std::size_t env_mib(const char* name, std::size_t fallback) {
+std::size_t env_count(const char* name, std::size_t fallback) {
   const char* v = std::getenv(name);
-  return (v && *v ? std::strtoull(v, nullptr, 10) : fallback) << 20;
+  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
 }
+
+std::size_t env_mib(const char* name, std::size_t fallback) { return env_count(name, fallback) << 20; }
 
 // FLOE_BENCH_PAGED_IN_ORDER=1: the block table in order (a diagnostic: the same kernel path
 // as the shuffled table, without the jumps between 4 KiB blocks).
@@ -73,15 +75,9 @@ bool paged_in_order() {
 
 // FLOE_BENCH_PAGED_POOL=S: each (copy, head) gets its own table of distinct slots drawn at
 // random from a pool of S x its blocks, as if S sequences' blocks were interleaved.
-index_t paged_pool_factor() {
-  const char* v = std::getenv("FLOE_BENCH_PAGED_POOL");
-  return v && *v ? std::max<index_t>(1, std::strtoull(v, nullptr, 10)) : 1;
-}
+index_t paged_pool_factor() { return std::max<index_t>(1, env_count("FLOE_BENCH_PAGED_POOL", 1)); }
 
-index_t paged_block() {
-  const char* v = std::getenv("FLOE_BENCH_PAGED_BLOCK");
-  return v && *v ? std::max<index_t>(1, std::strtoull(v, nullptr, 10)) : 16;
-}
+index_t paged_block() { return std::max<index_t>(1, env_count("FLOE_BENCH_PAGED_BLOCK", 16)); }
 
 bool huge_pages() {
   const char* v = std::getenv("FLOE_BENCH_HUGEPAGES");
@@ -104,7 +100,7 @@ struct kv_set {
   index_t n, copies;
   std::unique_ptr<void, decltype(&std::free)> storage{nullptr, &std::free};  // holds `cache`
   std::span<T> cache;                       // [copy][head][keys n*d | values n*d], on 64-byte lines
-  std::vector<std::int32_t> table;          // a shuffled block table (16-token blocks)
+  std::vector<std::int32_t> table;          // a shuffled block table (FLOE_BENCH_PAGED_BLOCK tokens)
   std::vector<std::vector<std::int32_t>> sparse_tables;  // [copy * heads + head], FLOE_BENCH_PAGED_POOL > 1
   std::string paged_error;  // a FLOE_BENCH_PAGED_* setting that does not fit: the paged cases say so
   std::vector<std::vector<std::vector<token_range>>> exact;  // [selection][head]: gathered ranges
@@ -137,20 +133,18 @@ struct kv_set {
     table.resize(n / paged_block());
     for (index_t b = 0; b < table.size(); ++b) table[b] = static_cast<std::int32_t>(b);
     if (!paged_in_order()) std::shuffle(table.begin(), table.end(), g);
-    if (const index_t spread = paged_pool_factor(); spread > 1 && paged_error.empty()) {
-      const index_t pool = pool_blocks();
-      if (2 * pool * paged_block() * s.d > cache.size())
+    if (const index_t spread = paged_pool_factor(), pool = pool_blocks(); spread > 1 && paged_error.empty()) {
+      if (2 * pool * paged_block() * s.d > cache.size()) {
         paged_error = join("FLOE_BENCH_PAGED_POOL=", spread, " needs a working set of ", spread,
                            " x one head's KV (raise FLOE_BENCH_WORKING_SET_MIB)");
-    }
-    if (const index_t spread = paged_pool_factor(); spread > 1 && paged_error.empty()) {
-      const index_t pool = pool_blocks();
-      std::vector<std::int32_t> slots(pool);
-      for (index_t i = 0; i < pool; ++i) slots[i] = static_cast<std::int32_t>(i);
-      for (index_t v = 0; v < copies * s.kv_heads; ++v) {
-        std::shuffle(slots.begin(), slots.end(), g);  // a random subset, in random order
-        sparse_tables.emplace_back(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(table.size()));
-        if (paged_in_order()) std::sort(sparse_tables.back().begin(), sparse_tables.back().end());
+      } else {
+        std::vector<std::int32_t> slots(pool);
+        for (index_t i = 0; i < pool; ++i) slots[i] = static_cast<std::int32_t>(i);
+        for (index_t v = 0; v < copies * s.kv_heads; ++v) {
+          std::shuffle(slots.begin(), slots.end(), g);  // a random subset, in random order
+          sparse_tables.emplace_back(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(table.size()));
+          if (paged_in_order()) std::sort(sparse_tables.back().begin(), sparse_tables.back().end());
+        }
       }
     }
     // Fresh selections rotate independently of the copies, so that what gathered decode

@@ -62,6 +62,19 @@ std::uint64_t sum_plain(const std::uint64_t* p, std::size_t n) {
   return s0 + s1 + s2 + s3;
 }
 
+// Runs pass() once to warm up, then `repetitions` times; each pass returns the seconds it
+// timed and reads `bytes`. The sums stay alive through `sums`.
+template <class Pass>
+stream_result timed_passes(Pass&& pass, int repetitions, std::size_t bytes, const std::vector<std::uint64_t>& sums) {
+  pass();
+  std::vector<double> gbps;
+  for (int r = 0; r < repetitions; ++r) gbps.push_back(static_cast<double>(bytes) / pass() * 1e-9);
+  volatile std::uint64_t sink = 0;
+  for (auto x : sums) sink = sink + x;
+  std::sort(gbps.begin(), gbps.end());
+  return {gbps[gbps.size() / 2], gbps.back(), bytes};
+}
+
 }  // namespace
 
 std::uint64_t stream_sum(const std::uint64_t* words, std::size_t count) {
@@ -90,21 +103,12 @@ stream_result stream_reader::measure(thread_pool& pool, int repetitions) const {
   const std::size_t threads = pool.size();
   const std::size_t per_thread = words_ / threads / 8 * 8;  // whole cache lines
   std::vector<std::uint64_t> sums(threads);
-  auto pass = [&] {
-    pool.parallel_for(threads, [&](index_t t) { sums[t] = stream_sum(data_ + t * per_thread, per_thread); });
-  };
-  pass();  // warm up the threads and the TLB
-  std::vector<double> gbps;
-  for (int r = 0; r < repetitions; ++r) {
+  auto pass = [&] {  // the first (untimed) one warms up the threads and the TLB
     const auto t0 = std::chrono::steady_clock::now();
-    pass();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    gbps.push_back(static_cast<double>(per_thread * threads * 8) / s * 1e-9);
-  }
-  volatile std::uint64_t sink = 0;  // keep the sums alive
-  for (auto x : sums) sink = sink + x;
-  std::sort(gbps.begin(), gbps.end());
-  return {gbps[gbps.size() / 2], gbps.back(), per_thread * threads * 8};
+    pool.parallel_for(threads, [&](index_t t) { sums[t] = stream_sum(data_ + t * per_thread, per_thread); });
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  return timed_passes(pass, repetitions, per_thread * threads * 8, sums);
 }
 
 stream_result stream_reader::measure_scattered(thread_pool& pool, std::size_t chunk_bytes, std::size_t spread,
@@ -135,14 +139,7 @@ stream_result stream_reader::measure_scattered(thread_pool& pool, std::size_t ch
     });
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  pass();  // warm up the threads
-  std::vector<double> gbps;
-  for (int r = 0; r < repetitions; ++r)
-    gbps.push_back(static_cast<double>(per_thread * threads * chunk_words * 8) / pass() * 1e-9);
-  volatile std::uint64_t sink = 0;
-  for (auto x : sums) sink = sink + x;
-  std::sort(gbps.begin(), gbps.end());
-  return {gbps[gbps.size() / 2], gbps.back(), per_thread * threads * chunk_words * 8};
+  return timed_passes(pass, repetitions, per_thread * threads * chunk_words * 8, sums);
 }
 
 }  // namespace floe::bench
