@@ -6,7 +6,7 @@
 //                     [--budgets 0.01,0.02,0.03,0.05] [--threads 2] [--window W]
 //                     [--refine R] [--optimism O] [--clusters C] [--subclusters S] [--outliers F | --outlier-share B] [--outlier-sigma Z]
 //                     [--query-metric] [--append A] [--join-sigma S] [--split-factor F] [--segment-growth G]
-//                     [--maximin] [--breakdown]
+//                     [--maximin] [--per-token] [--breakdown]
 // --query-metric builds the k-means metric from the queries of the second half of the
 // decode steps and reports errors on the first half only. --append A builds on the first
 // n - A tokens, appends the last A (index append) and also reports a fresh build on all n.
@@ -75,6 +75,7 @@ budgets and selector
   --optimism O           rank by O x the score variance (default 1)
   --variance-scale C     estimate with C x the Gaussian's variance term (default 1)
   --maximin              GQA heads take turns instead of ranking by any head's share
+  --per-token            rank groups by estimated mass per token, not by mass (rank_per_token)
 index
   --clusters C           clusters (default round(sqrt(n)))
   --subclusters S        subclusters per cluster (default max(1, round(2/3 ln n)))
@@ -144,6 +145,7 @@ options parse(int argc, char** argv) {
     else if (a == "--key-metric") o.key_metric = true;
     else if (a == "--append") o.append = whole_number(a, next());
     else if (a == "--maximin") o.selector.maximin = true;
+    else if (a == "--per-token") o.selector.rank_per_token = true;
     else if (a == "--breakdown") o.breakdown = true;
     else if (a == "--join-sigma") o.selector.config.join_sigma = real_number(a, next());
     else if (a == "--split-factor") o.selector.config.split_factor = real_number(a, next());

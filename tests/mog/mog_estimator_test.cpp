@@ -315,6 +315,41 @@ TEST_CASE("mog: the GQA selection serves every head's heavy tokens", "[mog]") {
   }
 }
 
+TEST_CASE("mog: ranking by mass per token reads a small dense cluster before a big one", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(724);
+  // Two clusters: A of 900 keys scoring 3, B of 100 keys (every tenth token) scoring 4.5.
+  // A holds twice B's mass; B's tokens weigh 4.5x more each.
+  random_kv<float> kv(g, 1000, 16, 8);
+  std::normal_distribution<float> noise(0.f, 0.02f);
+  auto in_b = [](index_t i) { return i % 10 == 3; };
+  for (index_t i = 0; i < kv.n; ++i)
+    for (index_t t = 0; t < 16; ++t)
+      kv.keys[i * 16 + t] = noise(g) + (t == 0 ? (in_b(i) ? 1.5f : 1.f) : t == 1 && in_b(i) ? 0.5f : 0.f);
+  const auto view = kv.view();
+  std::vector<float> qd(16, 0.f);
+  qd[0] = 12.f;  // x the default scale 1/4: scores 3 and 4.5
+  const auto q = query_group::make(qd.data(), 1, 16);
+  mog_config cfg;
+  cfg.clusters = 2;
+  cfg.outlier_fraction = 0;
+  cfg.sinks = 0;
+  auto b_tokens_read = [&](bool per_token) {
+    auto sel = floe::testing::mog_selector(budget::tokens(150), cfg);
+    sel.rank_per_token = per_token;
+    select::mog_clusters::selection out;
+    stats s;
+    sel.select(sel.build(view), view, q, exec::scalar{}, out, s);
+    REQUIRE(out.count() <= 150);
+    index_t read = 0;
+    for (const auto& r : out.ranges)
+      for (index_t i = r.begin; i < r.end; ++i) read += in_b(i);
+    return read;
+  };
+  REQUIRE(b_tokens_read(true) == 100);  // B refined first (100 < 2 x 150) and its subclusters all fit
+  REQUIRE(b_tokens_read(false) == 0);   // the default: A refined first, holding 2 x the budget: only its subclusters compete
+}
+
 TEST_CASE("mog: top-p stops once the estimated mass is covered, within floor and cap", "[mog]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(720);

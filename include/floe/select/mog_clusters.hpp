@@ -46,6 +46,11 @@ struct mog_clusters {
   // (docs/log/mog.md, "Outliers by band, and tempering the variance term"); the fit does this per group.
   double variance_scale = 1.0;
   bool maximin = false;   // GQA: rank groups by the largest estimated share of any head; true: heads take turns (maximin)
+  // true: rank clusters (to refine) and subclusters (to read) by estimated mass per token,
+  // the greedy rule for the most mass covered per token read, instead of by estimated mass,
+  // which favours big groups. Lower p90 on the synthetic cache and most SmolLM2 dumps, higher
+  // perplexity at 8K, so off (docs/log/mog.md, "Ranking by mass per token").
+  bool rank_per_token = false;
 
   // The default configuration for a budget on a cache of n tokens: 4 sinks and a recent
   // window of 64 exact tokens, each shrunk so that together they use at most a quarter of
@@ -97,6 +102,7 @@ struct mog_clusters {
     // Clusters: estimated log-mass and priority per head.
     scores cl = scorer.rows(0, clusters);
     st.summary_bytes += scorer.bytes(clusters);
+    if (rank_per_token) cl.per_token(idx, [](index_t r) { return r; });
 
     // Refine clusters until they hold `refine` x the budget (top-p: until they hold an
     // estimated share p of every head, or the same token cap).
@@ -125,6 +131,7 @@ struct mog_clusters {
     scores sub = scorer.rows_of(cand, clusters);
     st.summary_bytes += scorer.bytes(candidates) + refined_clusters * 2 * sizeof(std::uint32_t);
     sub.normalise_with(cl, refined);
+    if (rank_per_token) sub.per_token(idx, [&](index_t j) { return clusters + cand[j]; });
 
     // Take subclusters while they fit the budget (top-p: until every head's estimated
     // covered share reaches p and the floor is met).
@@ -224,6 +231,12 @@ struct mog_clusters {
         take(r);
         add_share(r, covered);
       }
+    }
+    // Priorities per token: each row's priority less the log of its group's count.
+    template <class GroupOf>
+    void per_token(const mog_index& idx, GroupOf group_of) {
+      for (index_t r = 0; r < static_cast<index_t>(pri.rows()); ++r)
+        pri.row(static_cast<Eigen::Index>(r)).array() -= idx.log_counts()[group_of(r)];
     }
     // Totals over the partition where refined clusters are replaced by these subclusters.
     void normalise_with(const scores& clusters, const std::vector<char>& refined) {
