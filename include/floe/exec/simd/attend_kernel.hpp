@@ -43,7 +43,7 @@ class row_cursor {
 };
 
 // Asks for the cache lines of bytes [begin, end) of `row` into L2. The kernels prefetch
-// the next tile as they go: its keys threaded through the scoring FMAs (line_prefetcher),
+// the next tile as they go: its keys threaded through the scoring FMAs (prefetch_line),
 // each value pass's columns while folding values, so that requests are spread over the
 // whole tile instead of bunched (docs/benchmarks.md: from DRAM 20-55% over the hardware
 // prefetcher alone, and ~15% more from spreading them). It also covers page and range
@@ -55,37 +55,11 @@ inline __attribute__((always_inline)) void prefetch_bytes(const T* row, index_t 
     __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
 }
 
-// Walks the cache lines of bytes [begin, end) of `count` rows, asking for a few at a time
-// into L2, so that the prefetches of the next tile's keys can be threaded through the
-// arithmetic of this one: a few per FMA block rather than a row's worth at once, which
-// from DRAM overlaps memory and arithmetic better (docs/benchmarks.md).
+// Asks for the line holding element e of rows[0, m).
 template <class L, class T>
-class line_prefetcher {
- public:
-  line_prefetcher(const T* const* rows, index_t count, index_t begin, index_t end)
-      : rows_(rows), count_(count), begin_(begin), end_(end) {}
-
-  // Asks for the next k lines (fewer at the end).
-  void issue(index_t k) {
-    for (; k > 0; --k) {
-      while (line_ >= stop_) {
-        if (row_ >= count_) return;
-        const auto base = reinterpret_cast<std::uintptr_t>(rows_[row_++]);
-        line_ = (base + begin_) & ~std::uintptr_t{63};
-        stop_ = base + end_;
-      }
-      __builtin_prefetch(reinterpret_cast<const void*>(line_), 0, 2);
-      line_ += 64;
-    }
-  }
-  // Asks for every line not asked for yet.
-  void finish() { issue(count_ * ((end_ - begin_) / 64 + 2)); }
-
- private:
-  const T* const* rows_;
-  index_t count_, begin_, end_, row_ = 0;
-  std::uintptr_t line_ = 0, stop_ = 0;
-};
+inline __attribute__((always_inline)) void prefetch_line(const T* const* rows, index_t m, index_t e) {
+  for (index_t i = 0; i < m; ++i) __builtin_prefetch(rows[i] + e, 0, 2);
+}
 
 // Largest power of two <= limit, at least 1.
 consteval index_t pow2_at_most(index_t limit) {
@@ -117,23 +91,27 @@ void score_block(const group_args& g, index_t h0, const T* const* keys, index_t 
   vec dots[G][W];
   alignas(64) float tails[G][W];
   alignas(64) float out[W];
-  // The next tile's keys, spread evenly over the FMA blocks (of `steps` each per U tokens).
-  const index_t row_bytes = g.d * index_t{sizeof(T)}, steps = Paired ? full / (2 * W) : full / W;
-  const index_t blocks = (n + W - 1) / W * (W / U) * (steps ? steps : 1);
-  const index_t per_block = (prefetch.count * ((row_bytes + 63) / 64) + blocks - 1) / blocks;
-  line_prefetcher<L, T> next_keys(prefetch.keys, prefetch.count, 0, row_bytes);
+  // The next tile's key rows, asked for as this tile's are scored: while token t's bytes
+  // [b, b + 64) are read, the same bytes of the next tile's row t are asked for, so the
+  // requests spread over the FMA blocks with no bookkeeping (a walker over the lines cost
+  // ~10 % of the scoring from L2; docs/benchmarks.md, "Prefetching keys row by row").
+  const index_t row_bytes = g.d * index_t{sizeof(T)};
+  const index_t ahead = prefetch.count < n ? prefetch.count : n;
+  const index_t tail_from = full < g.d ? full * index_t{sizeof(T)} : row_bytes - 1;
   for (index_t t0 = 0; t0 < n; t0 += W) {
     const index_t count = n - t0 < W ? n - t0 : W;
     for (index_t u = 0; u < W; u += U) {
-      if (steps == 0) next_keys.issue(per_block);
       const T* k[U];  // rows past the end repeat the last one; their lanes are dropped
       for (index_t i = 0; i < U; ++i) k[i] = keys[t0 + (u + i < count ? u + i : count - 1)];
+      // The next tile's rows of the same tokens: next[0, m).
+      const T* const* next = ahead ? prefetch.keys + t0 + u : nullptr;
+      const index_t m = t0 + u + U <= ahead ? U : (t0 + u < ahead ? ahead - t0 - u : 0);
       vec acc[U][G];
       for (index_t i = 0; i < U; ++i)
         for (index_t j = 0; j < G; ++j) acc[i][j] = L::zero();
       if constexpr (Paired) {
         for (index_t e = 0; e < full; e += 2 * W) {
-          next_keys.issue(per_block);
+          if (e * index_t{sizeof(T)} % 64 == 0) prefetch_line<L>(next, m, e);
           vec even[U], odd[U];
           for (index_t i = 0; i < U; ++i) L::load_pair(k[i] + e, even[i], odd[i]);
           for (index_t j = 0; j < G; ++j) {
@@ -147,7 +125,7 @@ void score_block(const group_args& g, index_t h0, const T* const* keys, index_t 
         }
       } else {
         for (index_t e = 0; e < full; e += W) {
-          next_keys.issue(per_block);
+          if (e * index_t{sizeof(T)} % 64 == 0) prefetch_line<L>(next, m, e);
           vec kv[U];
           for (index_t i = 0; i < U; ++i) kv[i] = L::load(k[i] + e);
           for (index_t j = 0; j < G; ++j) {
@@ -156,6 +134,11 @@ void score_block(const group_args& g, index_t h0, const T* const* keys, index_t 
           }
         }
       }
+      // The lines the loop above did not ask for: the row's tail, and its last line when
+      // the row does not start on a line.
+      for (index_t i = 0; i < m; ++i)
+        if (has_tail || (reinterpret_cast<std::uintptr_t>(next[i]) & 63) != 0)
+          prefetch_bytes<L>(next[i], tail_from, row_bytes);
       for (index_t i = 0; i < U; ++i)
         for (index_t j = 0; j < G; ++j) dots[j][u + i] = acc[i][j];
       if (has_tail) {
@@ -179,7 +162,7 @@ void score_block(const group_args& g, index_t h0, const T* const* keys, index_t 
       }
     }
   }
-  next_keys.finish();
+  for (index_t t = ahead; t < prefetch.count; ++t) prefetch_bytes<L>(prefetch.keys[t], 0, row_bytes);
 }
 
 // Turns each head's scores z[h * tile_tokens + t] into weights exp(z - m_new) in place,
