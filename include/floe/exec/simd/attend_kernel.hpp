@@ -291,12 +291,18 @@ void for_head_blocks(index_t heads, F&& f) {
 
 // Calls f(keys, values, n, next) for each tile of the runs in order, with `next` the rows of
 // the tile after it (empty at the end), which f's kernels prefetch while this one runs.
+// The first tile has no tile before it to ask for its rows, so they are asked for at once
+// (its values too when f reads them): a short step of a few tiles, as a sparse selection
+// gives, would otherwise wait for its first rows a miss at a time.
 template <class L, class T, class F>
-void for_each_tile(const group_args& g, const row_run<T>* runs, index_t run_count, F&& f) {
+void for_each_tile(const group_args& g, const row_run<T>* runs, index_t run_count, bool reads_values, F&& f) {
   const T* keys[2][tile_tokens];
   const T* values[2][tile_tokens];
   row_cursor<L, T> cursor(runs, run_count, g.key_stride, g.value_stride);
   index_t cur = 0, n = cursor.next(keys[0], values[0]);
+  for (index_t t = 0; t < n; ++t) prefetch_bytes<L>(keys[0][t], 0, g.d * index_t{sizeof(T)});
+  if (reads_values)
+    for (index_t t = 0; t < n; ++t) prefetch_bytes<L>(values[0][t], 0, g.dv * index_t{sizeof(T)});
   while (n) {
     const index_t next_n = cursor.next(keys[cur ^ 1], values[cur ^ 1]);
     f(keys[cur], values[cur], n, row_run<const T*>{keys[cur ^ 1], values[cur ^ 1], next_n});
@@ -310,7 +316,7 @@ void attend_tiles(const group_args& g, const row_run<T>* runs, index_t run_count
   float* z = st.scratch;                              // [heads][tile_tokens]
   float* alpha = st.scratch + g.heads * tile_tokens;  // [heads]
   const row_run<const T*> none{nullptr, nullptr, 0};
-  for_each_tile<L, T>(g, runs, run_count, [&](const T* const* keys, const T* const* values, index_t n,
+  for_each_tile<L, T>(g, runs, run_count, true, [&](const T* const* keys, const T* const* values, index_t n,
                                               const row_run<const T*>& next) {
     for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
       score_block<L, T, G, Paired>(g, h0, keys, n, z + h0 * tile_tokens, tile_tokens, true, h0 == 0 ? next : none);
@@ -362,7 +368,7 @@ void score_runs(const group_args& g, index_t head, const row_run<T>* runs, index
 template <class L, class T>
 void score_group_runs(const group_args& g, const row_run<T>* runs, index_t run_count, float* z, index_t ld) {
   const row_run<const T*> none{nullptr, nullptr, 0};
-  for_each_tile<L, T>(g, runs, run_count, [&](const T* const* keys, const T* const*, index_t n,
+  for_each_tile<L, T>(g, runs, run_count, false, [&](const T* const* keys, const T* const*, index_t n,
                                               const row_run<const T*>& next) {
     for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
       score_block<L, T, G>(g, h0, keys, n, z + h0 * ld, ld, false, h0 == 0 ? next : none);
