@@ -125,6 +125,26 @@ TEMPLATE_TEST_CASE("simd attend over gathered ranges and single tokens", "[exec]
   CHECK(attend_error<TestType>(arch, {4000, 128, 128, 4, 0, block}, 5 + block, ranges, threads) <= 1e-5);
 }
 
+TEMPLATE_TEST_CASE("simd attend over short steps with key rows that end mid-vector or start off a line",
+                   "[exec][simd]", float, floe::half, floe::bfloat16) {
+  // The kernel asks for the first tile's rows at once and for the next tile's row by row,
+  // plus the tail and last line of a row that ends mid-vector or starts off a cache line.
+  // Prefetches change no value; this checks the result on the shapes that take each path:
+  // one tile, a tile followed by a shorter one, d with a tail (72, 24) or none (64), rows
+  // 3 elements apart (off a line).
+  INFO("seed " << ft::seed());
+  const auto arch = GENERATE(from_range(ft::runnable_archs()));
+  const index_t d = GENERATE(24, 64, 72);
+  const index_t pad = GENERATE(0, 3);
+  const index_t heads = GENERATE(1, 4);
+  INFO("arch " << floe::simd_arch_name(arch) << " d " << d << " pad " << pad << " g " << heads);
+  const attend_case c{300, d, d, heads, pad};
+  const std::uint64_t salt = static_cast<std::uint64_t>(d * 100 + pad * 10 + heads);
+  CHECK(attend_error<TestType>(arch, c, salt, {{5, 9}}) <= 1e-5);                          // under one tile
+  CHECK(attend_error<TestType>(arch, c, salt + 1, {{10, 74}, {200, 230}}) <= 1e-5);        // 64 then 30
+  CHECK(attend_error<TestType>(arch, c, salt + 2, {{0, 64}, {100, 164}, {299, 300}}) <= 1e-5);  // 64, 64, 1
+}
+
 TEMPLATE_TEST_CASE("simd attend over selections longer than one batch of runs", "[exec][simd]", floe::half,
                    floe::bfloat16) {
   // Batches hold up to 1024 runs or 4096 tokens: thousands of single tokens, and 64-token
