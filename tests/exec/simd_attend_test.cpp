@@ -133,16 +133,21 @@ TEMPLATE_TEST_CASE("simd attend over short steps with key rows that end mid-vect
   // one tile, a tile followed by a shorter one, d with a tail (72, 24) or none (64), rows
   // 3 elements apart (off a line).
   INFO("seed " << ft::seed());
-  const auto arch = GENERATE(from_range(ft::runnable_archs()));
-  const index_t d = GENERATE(24, 64, 72);
-  const index_t pad = GENERATE(0, 3);
-  const index_t heads = GENERATE(1, 4);
-  INFO("arch " << floe::simd_arch_name(arch) << " d " << d << " pad " << pad << " g " << heads);
-  const attend_case c{300, d, d, heads, pad};
-  const std::uint64_t salt = static_cast<std::uint64_t>(d * 100 + pad * 10 + heads);
-  CHECK(attend_error<TestType>(arch, c, salt, {{5, 9}}) <= 1e-5);                          // under one tile
-  CHECK(attend_error<TestType>(arch, c, salt + 1, {{10, 74}, {200, 230}}) <= 1e-5);        // 64 then 30
-  CHECK(attend_error<TestType>(arch, c, salt + 2, {{0, 64}, {100, 164}, {299, 300}}) <= 1e-5);  // 64, 64, 1
+  const std::vector<std::vector<token_range>> steps = {
+      {{5, 9}},                          // under one tile
+      {{10, 74}, {200, 230}},            // a tile, then 30 tokens
+      {{0, 64}, {100, 164}, {299, 300}}  // 64, 64, 1
+  };
+  for (const auto arch : ft::runnable_archs())
+    for (const index_t d : {24, 64, 72})
+      for (const index_t pad : {0, 3})
+        for (const index_t heads : {1, 4})
+          for (std::size_t k = 0; k < steps.size(); ++k) {
+            INFO("arch " << floe::simd_arch_name(arch) << " d " << d << " pad " << pad << " g " << heads
+                         << " step " << k);
+            const auto salt = static_cast<std::uint64_t>(d * 1000 + pad * 100 + heads * 10) + k;
+            CHECK(attend_error<TestType>(arch, {300, d, d, heads, pad}, salt, steps[k]) <= 1e-5);
+          }
 }
 
 TEMPLATE_TEST_CASE("simd attend over selections longer than one batch of runs", "[exec][simd]", floe::half,
