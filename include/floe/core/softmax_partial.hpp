@@ -111,7 +111,13 @@ class partial_set {
   void finalize(const output_group<Out>& out) const {
     for (index_t h = 0; h < heads_; ++h) {
       Out* row = out.row(h);
-      for (index_t j = 0; j < dv_; ++j) row[j] = empty(h) ? Out(0) : static_cast<Out>(a(h)[j] / l_[h]);
+      if (empty(h)) {
+        std::fill_n(row, dv_, Out(0));
+        continue;
+      }
+      const Acc* ah = a(h);
+      const Acc l = l_[h];  // a local: the compiler may not assume the stores leave l_ alone
+      for (index_t j = 0; j < dv_; ++j) row[j] = static_cast<Out>(ah[j] / l);
     }
   }
 

@@ -244,14 +244,44 @@ class simd : public batch_decoder<simd> {
       return simd_detail::split_ranges(ranges, tokens, parts);
   }
 
+  // Rows of the first tile that fold(kv, ranges) reads: what the task before it prefetches
+  // as it ends.
+  template <class T>
+  struct first_tile {
+    const T* keys[simd_detail::tile_tokens];
+    const T* values[simd_detail::tile_tokens];
+    index_t count = 0;
+    simd_detail::row_run<const T*> rows() const { return {keys, values, count}; }
+  };
   template <KvView KV>
-  void fold(const KV& kv, const simd_detail::group_args& args, std::span<const token_range> ranges,
-            group_state& st) const {
+  static void first_tile_of(const KV& kv, std::span<const token_range> ranges,
+                            first_tile<typename KV::element_type>& rows) {
+    rows.count = 0;
+    auto take = [&](token_range r) {
+      for (index_t i = r.begin; i < r.end && rows.count < simd_detail::tile_tokens; ++i, ++rows.count) {
+        rows.keys[rows.count] = kv.key_row(i);
+        rows.values[rows.count] = kv.value_row(i);
+      }
+    };
+    if constexpr (requires { kv.block_table(); })
+      simd_detail::for_blocks_in_pool_order(kv, ranges, take);  // the order fold reads them in
+    else
+      for (const token_range& r : ranges) take(r);
+  }
+
+  // Folds `ranges` into st; the last tile prefetches `after` (the caller's next rows).
+  template <KvView KV>
+  void fold(const KV& kv, const simd_detail::group_args& args, std::span<const token_range> ranges, group_state& st,
+            const simd_detail::row_run<const typename KV::element_type*>& after = {}) const {
     using T = typename KV::element_type;
     const auto& kernel = kernels_->template of<T>();
     const auto state = st.view();
-    for_run_batches<true>(kv, ranges, [&](const simd_detail::row_run<T>* runs, index_t count, index_t) {
-      kernel.attend(args, runs, count, state);
+    index_t left = 0;
+    for (const token_range& r : ranges) left += r.size();
+    const simd_detail::row_run<const T*> none{nullptr, nullptr, 0};
+    for_run_batches<true>(kv, ranges, [&](const simd_detail::row_run<T>* runs, index_t count, index_t tokens) {
+      left -= tokens;
+      kernel.attend(args, runs, count, state, left == 0 ? after : none);
     });
   }
 
@@ -317,12 +347,25 @@ class simd : public batch_decoder<simd> {
       pending[gi].store(first_task[gi + 1] - first_task[gi], std::memory_order_relaxed);
       if (first_task[gi + 1] == first_task[gi]) finish(gi);  // nothing to read: zeros
     }
-    opt_.parallel_for(tasks.size(), [&](index_t i) {
-      const index_t gi = tasks[i].group;
-      const group_plan& p = plans[gi];
-      fold(*p.kv, group_args_of(*p.kv, p.q), tasks[i].ranges, states[i]);
-      if (pending[gi].fetch_sub(1, std::memory_order_acq_rel) == 1) finish(gi);
-    });
+    // Each body claims its next task before it folds the current one, so that the current
+    // one's last tile can prefetch the next one's first (a short gathered task otherwise
+    // starts with its first tile's misses). A body holds at most one task ahead.
+    std::atomic<index_t> claimed{0};
+    const index_t bodies = std::min<index_t>(opt_.concurrency, tasks.size());
+    if (bodies > 0)
+      opt_.parallel_for(bodies, [&](index_t) {
+        first_tile<typename KV::element_type> next;
+        for (index_t i = claimed.fetch_add(1, std::memory_order_relaxed); i < tasks.size();) {
+          const index_t j = claimed.fetch_add(1, std::memory_order_relaxed);
+          next.count = 0;
+          if (j < tasks.size()) first_tile_of(*plans[tasks[j].group].kv, tasks[j].ranges, next);
+          const index_t gi = tasks[i].group;
+          const group_plan& p = plans[gi];
+          fold(*p.kv, group_args_of(*p.kv, p.q), tasks[i].ranges, states[i], next.rows());
+          if (pending[gi].fetch_sub(1, std::memory_order_acq_rel) == 1) finish(gi);
+          i = j;
+        }
+      });
   }
 
   simd_options opt_;

@@ -290,6 +290,8 @@ void value_block(const group_args& g, index_t h0, const T* const* values, index_
   if (full == 0)  // dv < one vector: no pass runs, so prefetch the rows here
     for (index_t t = 0; t < prefetch.count; ++t) prefetch_bytes<L>(prefetch.values[t], 0, g.dv * index_t{sizeof(T)});
   value_passes<L, T, G, C, Paired>(values, n, w, alpha + h0, out, full, g.dv, e, prefetch);
+  if (full != 0)  // rows to prefetch past this tile's n (a short last tile before `after`)
+    for (index_t t = n; t < prefetch.count; ++t) prefetch_bytes<L>(prefetch.values[t], 0, g.dv * index_t{sizeof(T)});
   for (; e < g.dv; ++e) {
     for (index_t j = 0; j < G; ++j) {
       float s = 0.f;
@@ -319,12 +321,13 @@ void for_head_blocks(index_t heads, F&& f) {
 }
 
 // Calls f(keys, values, n, next) for each tile of the runs in order, with `next` the rows of
-// the tile after it (empty at the end), which f's kernels prefetch while this one runs.
+// the tile after it (`after` at the end), which f's kernels prefetch while this one runs.
 // The first tile has no tile before it to ask for its rows, so they are asked for at once
 // (its values too when f reads them): a short step of a few tiles, as a sparse selection
 // gives, would otherwise wait for its first rows a miss at a time.
 template <class L, class T, class F>
-void for_each_tile(const group_args& g, const row_run<T>* runs, index_t run_count, bool reads_values, F&& f) {
+void for_each_tile(const group_args& g, const row_run<T>* runs, index_t run_count, bool reads_values,
+                   const row_run<const T*>& after, F&& f) {
   const T* keys[2][tile_tokens];
   const T* values[2][tile_tokens];
   row_cursor<L, T> cursor(runs, run_count, g.key_stride, g.value_stride);
@@ -334,18 +337,19 @@ void for_each_tile(const group_args& g, const row_run<T>* runs, index_t run_coun
     for (index_t t = 0; t < n; ++t) prefetch_bytes<L>(values[0][t], 0, g.dv * index_t{sizeof(T)});
   while (n) {
     const index_t next_n = cursor.next(keys[cur ^ 1], values[cur ^ 1]);
-    f(keys[cur], values[cur], n, row_run<const T*>{keys[cur ^ 1], values[cur ^ 1], next_n});
+    f(keys[cur], values[cur], n, next_n ? row_run<const T*>{keys[cur ^ 1], values[cur ^ 1], next_n} : after);
     cur ^= 1;
     n = next_n;
   }
 }
 
 template <class L, class T, bool Paired>
-void attend_tiles(const group_args& g, const row_run<T>* runs, index_t run_count, const online_state& st) {
+void attend_tiles(const group_args& g, const row_run<T>* runs, index_t run_count, const online_state& st,
+                  const row_run<const T*>& after) {
   float* z = st.scratch;                              // [heads][tile_tokens]
   float* alpha = st.scratch + g.heads * tile_tokens;  // [heads]
   const row_run<const T*> none{nullptr, nullptr, 0};
-  for_each_tile<L, T>(g, runs, run_count, true, [&](const T* const* keys, const T* const* values, index_t n,
+  for_each_tile<L, T>(g, runs, run_count, true, after, [&](const T* const* keys, const T* const* values, index_t n,
                                               const row_run<const T*>& next) {
     for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
       score_block<L, T, G, Paired>(g, h0, keys, n, z + h0 * tile_tokens, tile_tokens, true, h0 == 0 ? next : none);
@@ -360,7 +364,8 @@ void attend_tiles(const group_args& g, const row_run<T>* runs, index_t run_count
 // bf16 with d and dv multiples of 2W runs paired: each 2W-block of the query is copied to
 // scratch as its even then its odd elements, the order in which L::load_pair reads keys.
 template <class L, class T>
-void attend_runs(const group_args& g, const row_run<T>* runs, index_t run_count, const online_state& st) {
+void attend_runs(const group_args& g, const row_run<T>* runs, index_t run_count, const online_state& st,
+                 const row_run<const T*>& after) {
   if constexpr (L::pairs && std::is_same_v<T, bfloat16>) {
     constexpr index_t W = L::width;
     if (g.d % (2 * W) == 0 && g.dv % (2 * W) == 0) {
@@ -374,11 +379,11 @@ void attend_runs(const group_args& g, const row_run<T>* runs, index_t run_count,
       group_args paired = g;
       paired.q = paired_q;
       paired.q_stride = g.d;
-      attend_tiles<L, T, true>(paired, runs, run_count, st);
+      attend_tiles<L, T, true>(paired, runs, run_count, st, after);
       return;
     }
   }
-  attend_tiles<L, T, false>(g, runs, run_count, st);
+  attend_tiles<L, T, false>(g, runs, run_count, st, after);
 }
 
 template <class L, class T>
@@ -397,7 +402,7 @@ void score_runs(const group_args& g, index_t head, const row_run<T>* runs, index
 template <class L, class T>
 void score_group_runs(const group_args& g, const row_run<T>* runs, index_t run_count, float* z, index_t ld) {
   const row_run<const T*> none{nullptr, nullptr, 0};
-  for_each_tile<L, T>(g, runs, run_count, false, [&](const T* const* keys, const T* const*, index_t n,
+  for_each_tile<L, T>(g, runs, run_count, false, none, [&](const T* const* keys, const T* const*, index_t n,
                                               const row_run<const T*>& next) {
     for_head_blocks(g.heads, [&]<index_t G>(index_t h0) {
       score_block<L, T, G>(g, h0, keys, n, z + h0 * ld, ld, false, h0 == 0 ? next : none);

@@ -51,7 +51,10 @@ inline constexpr index_t scratch_per_head = tile_tokens + 1;  // plus d: a reord
 template <class T>
 struct typed_kernels {
   // Folds the rows of `runs` into `state`, exactly as if they came after what it holds.
-  void (*attend)(const group_args&, const row_run<T>* runs, index_t run_count, const online_state& state) = nullptr;
+  // `after` (may be empty) lists rows the caller reads next, e.g. the first tile of its
+  // next task: the last tile prefetches them as it would its own next tile.
+  void (*attend)(const group_args&, const row_run<T>* runs, index_t run_count, const online_state& state,
+                 const row_run<const T*>& after) = nullptr;
   // z[i] = scale * q_head . k_i for the rows of `runs` in order.
   void (*score)(const group_args&, index_t head, const row_run<T>* runs, index_t run_count, float* z) = nullptr;
   // z[h * ld + i] = scale * q_h . k_i for every head h, each row read once.
