@@ -2,6 +2,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "floe/floe.hpp"
 #include "support/random_kv.hpp"
@@ -67,6 +69,31 @@ TEST_CASE("bad input: NaN or Inf in the query", "[bad-input]") {
     REQUIRE(f.decode(f.group(), f.output()) == "query");
     REQUIRE(f.untouched());
   }
+}
+
+TEST_CASE("bad input: a NaN or Inf query element is named wherever it sits", "[bad-input]") {
+  // validate_query counts non-finite elements in blocks of 8, then a tail: every position of
+  // both, in every head.
+  for (floe::index_t d : {13, 16})
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()})
+      for (floe::index_t at = 0; at < 3 * d; ++at) {
+        std::vector<float> q(3 * d, 1.5f);
+        q[at] = bad;
+        const auto group = floe::query_group::make(q.data(), 3, d);
+        std::string what;
+        try {
+          floe::validate_query(group, d);
+        } catch (const floe::invalid_argument& e) {
+          REQUIRE(e.argument() == "query");
+          what = e.what();
+        }
+        INFO("d " << d << ", element " << at);
+        const std::string named = "element [" + std::to_string(at / d) + ", " + std::to_string(at % d) + "]";
+        REQUIRE(what.find(named) != std::string::npos);
+      }
+  std::vector<float> finite(2 * 13, std::numeric_limits<float>::max());
+  finite[5] = -std::numeric_limits<float>::denorm_min();
+  REQUIRE_NOTHROW(floe::validate_query(floe::query_group::make(finite.data(), 2, 13), 13));
 }
 
 TEST_CASE("bad input: scale zero, negative or non-finite", "[bad-input]") {

@@ -2,7 +2,9 @@
 // and the g output rows they produce.
 #pragma once
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "floe/core/config.hpp"
 #include "floe/core/error.hpp"
@@ -43,10 +45,22 @@ inline void validate_query(const query_group& q, index_t kv_d) {
   require(q.d == kv_d, "query.d", "query dimension ", q.d, " does not match the key dimension d = ", kv_d);
   require(q.stride == 0 || q.stride >= q.d, "query.stride", "stride ", q.stride, " is smaller than d = ", q.d);
   require(std::isfinite(q.scale) && q.scale > 0.f, "scale", "must be finite and positive, got ", q.scale);
-  for (index_t h = 0; h < q.heads; ++h)
+  for (index_t h = 0; h < q.heads; ++h) {
+    // NaN and Inf are the floats whose exponent bits are all set: one branch-free pass per
+    // row (an integer count, which vectorises), and the element named only when there is one.
+    const float* row = q.row(h);
+    const auto is_non_finite = [](float x) -> std::uint32_t {
+      return (std::bit_cast<std::uint32_t>(x) & 0x7f800000u) == 0x7f800000u;
+    };
+    std::uint32_t non_finite = 0;
+    index_t t = 0;
+    for (; t + 8 <= q.d; t += 8)  // fixed blocks of 8 vectorise at -O2 too
+      for (index_t i = 0; i < 8; ++i) non_finite += is_non_finite(row[t + i]);
+    for (; t < q.d; ++t) non_finite += is_non_finite(row[t]);
+    if (non_finite == 0) continue;
     for (index_t t = 0; t < q.d; ++t)
-      require(std::isfinite(q.row(h)[t]), "query", "element [", h, ", ", t, "] is ", q.row(h)[t],
-              " (NaN or Inf)");
+      require(std::isfinite(row[t]), "query", "element [", h, ", ", t, "] is ", row[t], " (NaN or Inf)");
+  }
 }
 
 template <class Out>
