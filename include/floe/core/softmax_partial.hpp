@@ -31,6 +31,16 @@ FLOE_HOST_DEVICE inline void merge_partial(Acc& m, Acc& l, Acc* a, Acc m2, Acc l
   m = top;
 }
 
+// row = a / l; an empty partial (!(l > 0)) attends to nothing and yields zeros.
+template <class Acc, class Out>
+inline void write_normalized(const Acc* a, Acc l, index_t dv, Out* row) {
+  if (!(l > Acc(0))) {
+    for (index_t j = 0; j < dv; ++j) row[j] = Out(0);
+    return;
+  }
+  for (index_t j = 0; j < dv; ++j) row[j] = static_cast<Out>(a[j] / l);
+}
+
 // One query head's partial, owning its accumulator.
 template <class Acc>
 struct softmax_partial {
@@ -63,7 +73,7 @@ struct softmax_partial {
   // o = a / l; the empty set attends to nothing and yields zeros.
   template <class Out>
   void finalize(Out* out) const {
-    for (index_t j = 0; j < a.size(); ++j) out[j] = empty() ? Out(0) : static_cast<Out>(a[j] / l);
+    write_normalized(a.data(), l, a.size(), out);
   }
 };
 
@@ -109,16 +119,7 @@ class partial_set {
   // Writes a / l for every head (zeros for an empty head).
   template <class Out>
   void finalize(const output_group<Out>& out) const {
-    for (index_t h = 0; h < heads_; ++h) {
-      Out* row = out.row(h);
-      if (empty(h)) {
-        std::fill_n(row, dv_, Out(0));
-        continue;
-      }
-      const Acc* ah = a(h);
-      const Acc l = l_[h];  // a local: the compiler may not assume the stores leave l_ alone
-      for (index_t j = 0; j < dv_; ++j) row[j] = static_cast<Out>(ah[j] / l);
-    }
+    for (index_t h = 0; h < heads_; ++h) write_normalized(a(h), l_[h], dv_, out.row(h));
   }
 
  private:

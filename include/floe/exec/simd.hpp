@@ -132,6 +132,10 @@ class simd : public batch_decoder<simd> {
       const float* p = data_.data();
       for (index_t h = 0; h < heads_; ++h) out.merge(h, p[h], p[heads_ + h], p + 2 * heads_ + h * dv_);
     }
+    void finalize(const output_group<float>& out) const {
+      const float* p = data_.data();
+      for (index_t h = 0; h < heads_; ++h) write_normalized(p + 2 * heads_ + h * dv_, p[heads_ + h], dv_, out.row(h));
+    }
 
    private:
     index_t heads_, dv_;
@@ -319,9 +323,10 @@ class simd : public batch_decoder<simd> {
     }
     struct task {
       index_t group;
-      std::vector<token_range> ranges;
+      std::span<const token_range> ranges;  // the plan's own, or a piece in `pieces`
     };
     std::vector<task> tasks;
+    std::vector<std::vector<token_range>> pieces;  // moving it keeps each piece's storage
     std::vector<index_t> first_task(groups + 1, 0);
     for (index_t gi = 0; gi < groups; ++gi) {
       first_task[gi] = tasks.size();
@@ -330,14 +335,22 @@ class simd : public batch_decoder<simd> {
       if (p.tokens == 0) continue;
       if (parts == 1) tasks.push_back({gi, p.ranges});
       else
-        for (auto& piece : split_for_attention(*p.kv, p.ranges, p.tokens, parts)) tasks.push_back({gi, std::move(piece)});
+        for (auto& piece : split_for_attention(*p.kv, p.ranges, p.tokens, parts)) {
+          pieces.push_back(std::move(piece));
+          tasks.push_back({gi, pieces.back()});
+        }
     }
     first_task[groups] = tasks.size();
     std::vector<group_state> states;
     states.reserve(tasks.size());
     for (const task& t : tasks) states.emplace_back(g, plans[t.group].kv->d(), plans[t.group].kv->dv());
-    // The last task of a group to finish merges its pieces in order and writes the rows.
+    // The last task of a group to finish merges its pieces in order and writes the rows
+    // (a group of one task writes them from its state).
     auto finish = [&](index_t gi) {
+      if (first_task[gi + 1] - first_task[gi] == 1) {
+        states[first_task[gi]].finalize(plans[gi].out);
+        return;
+      }
       partial_set<float> merged(g, plans[gi].kv->dv());
       for (index_t i = first_task[gi]; i < first_task[gi + 1]; ++i) states[i].merge_into(merged);
       merged.finalize(plans[gi].out);
