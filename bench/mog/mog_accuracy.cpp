@@ -51,6 +51,7 @@ struct options {
   double outlier_share = select::mog_clusters::outlier_share;  // else at most this share of each budget
   bool query_metric = false;  // build with the queries of the second half of the steps, test on the first
   bool breakdown = false;     // per-query counterfactual errors (mog_breakdown.hpp)
+  bool cross_covariance = false;  // the residual corrects value means by s Cov(v, k) q
   bool help = false;
 };
 
@@ -86,6 +87,8 @@ index
   --outlier-bands B      also test windows of d/2/B RoPE pairs, rotate-half layout (default 8; 0: off)
   --outlier-clip P       passes of sigma clipping in each cluster's outlier test (default 1; 0: off)
   --fit-probes P         fit each group's variance term over P probe keys (default 64; 0: off)
+  --cross-covariance R   correct unrefined clusters' value means by s Cov(v, k) q, Cov(v, k) kept at
+                         rank R (0: whole; float, dv d or R (d + dv) floats per cluster read, in bytes_read)
   --query-metric         k-means metric from the queries of the second half of the steps;
                          errors reported on the first half only
   --ridge R              ridge of that metric (fraction of the mean eigenvalue, default 0.1)
@@ -141,6 +144,10 @@ options parse(int argc, char** argv) {
     else if (a == "--outlier-bands") o.selector.config.outlier_bands = whole_number(a, next());
     else if (a == "--outlier-clip") o.selector.config.outlier_clip_passes = whole_number(a, next());
     else if (a == "--fit-probes") o.selector.config.variance_fit_probes = whole_number(a, next());
+    else if (a == "--cross-covariance") {
+      o.selector.config.cross_covariance = o.cross_covariance = true;
+      o.selector.config.cross_covariance_rank = whole_number(a, next());
+    }
     else if (a == "--query-metric") o.query_metric = true;
     else if (a == "--key-metric") o.key_metric = true;
     else if (a == "--append") o.append = whole_number(a, next());
@@ -299,7 +306,7 @@ int main(int argc, char** argv) try {
         for (index_t b = 0; b < nb; ++b) {
           select::mog_clusters sel = opt.selector;
           sel.limit = budget::fraction(opt.budgets[b]);
-          const estimator<select::mog_clusters, residual::gaussian_moments> with(sel, {});
+          const estimator<select::mog_clusters, residual::gaussian_moments> with(sel, {opt.cross_covariance});
           const estimator<select::mog_clusters, residual::none> without(sel, {});
           const stats s = record(m[b], with, decltype(with)::state{*index_of[b], {}});
           record(a[b], without, decltype(without)::state{*index_of[b], {}});

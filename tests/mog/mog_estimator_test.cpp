@@ -404,6 +404,32 @@ TEST_CASE("mog: the cross-covariance corrects values that depend on the key", "[
   }
   REQUIRE(e_corr < 0.3 * e_plain);
 
+  // Cov(v, k) = A Cov(k) has rank 4 here: rank-4 factors correct as well as the whole matrix
+  // and read 4 (8 + 4) floats instead of 4 x 8; rank 1 still corrects part of it.
+  for (index_t rank : {4, 1}) {
+    mog_config low = cfg;
+    low.cross_covariance_rank = rank;
+    const auto low_sel = floe::testing::mog_selector(budget::tokens(0), low);
+    const floe::testing::mog low_rank(low_sel, {true}), plain_low(low_sel, {});
+    const auto low_st = low_rank.build(view);
+    auto g2 = floe::testing::rng(721);
+    double e_low = 0, e_low_plain = 0;
+    std::uint64_t bytes_low = 0, bytes_plain = 0;
+    for (int trial = 0; trial < 8; ++trial) {
+      const auto qd = floe::testing::random_floats(g2, 8, 1.f);
+      const auto q = query_group::make(qd.data(), 1, 8);
+      const auto want = floe::testing::dense_reference(view, q);
+      stats s, sp;
+      e_low += floe::testing::relative_l2(floe::testing::decode(low_rank, low_st, view, q, s).data(), want.data(), 4);
+      e_low_plain += floe::testing::relative_l2(floe::testing::decode(plain_low, low_st, view, q, sp).data(), want.data(), 4);
+      bytes_low += s.summary_bytes;
+      bytes_plain += sp.summary_bytes;
+    }
+    INFO("rank " << rank << " error " << e_low << " without " << e_low_plain);
+    REQUIRE(e_low < (rank == 4 ? 0.3 : 0.9) * e_low_plain);
+    REQUIRE(bytes_low - bytes_plain == 8 * rank * (8 + 4) * sizeof(float));  // one unrefined cluster per step
+  }
+
   mog_config without = cfg;
   without.cross_covariance = false;
   const floe::testing::mog wants_cov(floe::testing::mog_selector(budget::tokens(0), without), {true});

@@ -2,6 +2,7 @@
 // off, bad input is rejected naming the token, and append keeps all of this true.
 #include <catch2/catch.hpp>
 
+#include <Eigen/SVD>
 #include <algorithm>
 #include <cmath>
 
@@ -86,6 +87,19 @@ void check_moments(const mog_index& idx, const KV& kv, double tol) {
     }
     check_group(c, all);
   }
+}
+
+// Cluster c's Cov(v, k) [dv, d] as the index applies it: its columns are Cov(v, k) e_t.
+Eigen::MatrixXd cross_covariance_matrix(const mog_index& idx, index_t c) {
+  Eigen::MatrixXd m(static_cast<Eigen::Index>(idx.dv()), static_cast<Eigen::Index>(idx.d()));
+  std::vector<float> e(idx.d(), 0.f), col(idx.dv());
+  for (index_t t = 0; t < idx.d(); ++t) {
+    e[t] = 1.f;
+    idx.cross_covariance_times(c, e.data(), 1.0, col.data());
+    for (index_t i = 0; i < idx.dv(); ++i) m(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(t)) = col[i];
+    e[t] = 0.f;
+  }
+  return m;
 }
 
 }  // namespace
@@ -449,9 +463,40 @@ TEST_CASE("mog_index: the cross-covariance is Cov(v, k) per cluster, also after 
       for (index_t t = 0; t < 8; ++t) {
         double cov = 0;
         for (auto i : rows) cov += (kv.values[i * 4 + j] - idx.value_mean(c)[j]) * (kv.keys[i * 8 + t] - idx.mean(c)[t]);
-        REQUIRE(idx.cross_covariance(c)[j * 8 + t] == Approx(cov / static_cast<double>(rows.size())).margin(1e-3));
+        REQUIRE(cross_covariance_matrix(idx, c)(j, t) == Approx(cov / static_cast<double>(rows.size())).margin(1e-3));
       }
   }
+}
+
+TEST_CASE("mog_index: a rank-r cross-covariance is the best rank-r approximation of the full one", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(731);
+  random_kv<float> kv(g, 1500, 16, 12);
+  const auto a = floe::testing::random_floats(g, 12 * 16, 1.f);
+  for (index_t i = 0; i < kv.n; ++i)  // values that depend on the keys: a cross-covariance of full rank
+    for (index_t j = 0; j < 12; ++j)
+      for (index_t t = 0; t < 16; ++t) kv.values[i * 12 + j] += a[j * 16 + t] * kv.keys[i * 16 + t];
+  mog_config cfg;
+  cfg.clusters = 4;
+  cfg.cross_covariance = true;
+  const auto full = mog_index::build(kv.view(), cfg);
+  for (index_t rank : {1, 3, 12}) {
+    cfg.cross_covariance_rank = rank;
+    const auto low = mog_index::build(kv.view(), cfg);
+    REQUIRE(low.cross_covariance_width() == rank * (16 + 12));
+    REQUIRE(low.memory().cross_covariance == low.clusters() * rank * 28 * sizeof(float));
+    for (index_t c = 0; c < full.clusters(); ++c) {
+      const Eigen::MatrixXd whole = cross_covariance_matrix(full, c), approx = cross_covariance_matrix(low, c);
+      const Eigen::JacobiSVD<Eigen::MatrixXd> svd(whole);
+      double best = 0;  // the Frobenius error of the optimal rank-r approximation
+      for (Eigen::Index j = rank; j < svd.singularValues().size(); ++j) best += svd.singularValues()[j] * svd.singularValues()[j];
+      const double err = (whole - approx).squaredNorm();
+      INFO("rank " << rank << " cluster " << c << " error " << err << " optimal " << best);
+      REQUIRE(err <= 1.01 * best + 1e-8 * whole.squaredNorm());
+    }
+  }
+  cfg.cross_covariance_rank = 13;
+  REQUIRE_THROWS_WITH(mog_index::build(kv.view(), cfg), Catch::Contains("cross_covariance_rank"));
 }
 
 TEST_CASE("mog_index: appended tokens of a new topic form new clusters instead of swelling an old one", "[mog]") {

@@ -8,6 +8,7 @@
 #include <Eigen/Cholesky>
 #include <Eigen/Core>
 #include <Eigen/Eigenvalues>
+#include <Eigen/QR>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -69,7 +70,10 @@ struct mog_config {
   // Real keys have lighter tails than a Gaussian in the directions queries score them by
   // (docs/log/mog.md, "Fitted variance term"). 0: off (the Gaussian's term as is).
   index_t variance_fit_probes = 64;
-  bool cross_covariance = false;  // keep Cov(v, k) per cluster: dv x d floats each
+  bool cross_covariance = false;  // keep Cov(v, k) per cluster
+  // 0: Cov(v, k) kept whole, dv x d floats per cluster; r >= 1: its best rank-r factors
+  // (subspace iteration), r (dv + d) floats, which is what a step reads per unrefined cluster.
+  index_t cross_covariance_rank = 0;
   std::uint64_t seed = 0x6d6f67;
   // Optional sample of queries (rows of d floats, e.g. the last prefill queries of the GQA
   // group): k-means then uses the metric E[(q.(k - k'))^2], so that clusters group keys the
@@ -260,7 +264,31 @@ class mog_index {
   const float* variance_fits() const { return variance_fit_.data(); }
   std::uint32_t count(index_t g) const { return counts_[g]; }
   bool has_cross_covariance() const { return !cross_cov_.empty(); }
-  const float* cross_covariance(index_t c) const { return cross_cov_.data() + c * dv_ * d_; }  // [dv, d] row-major
+  // Floats kept (and read by a step) per cluster for Cov(v, k): dv d, or r (d + dv) at rank r.
+  index_t cross_covariance_width() const {
+    return cfg_.cross_covariance_rank == 0 ? dv_ * d_ : cfg_.cross_covariance_rank * (d_ + dv_);
+  }
+  // out[dv] = scale Cov(v, k) q of cluster c (its rank-r factors when configured).
+  void cross_covariance_times(index_t c, const float* q, double scale, float* out) const {
+    const float* m = cross_cov_.data() + c * cross_covariance_width();
+    const index_t rank = cfg_.cross_covariance_rank;
+    if (rank == 0) {  // [dv, d] row-major
+      for (index_t i = 0; i < dv_; ++i) {
+        double dot = 0.0;
+        for (index_t t = 0; t < d_; ++t) dot += static_cast<double>(m[i * d_ + t]) * q[t];
+        out[i] = static_cast<float>(scale * dot);
+      }
+      return;
+    }
+    std::fill(out, out + dv_, 0.f);
+    for (index_t j = 0; j < rank; ++j) {  // B [rank, d] (orthonormal rows), then A^T [rank, dv]
+      double y = 0.0;
+      for (index_t t = 0; t < d_; ++t) y += static_cast<double>(m[j * d_ + t]) * q[t];
+      const float f = static_cast<float>(scale * y);
+      const float* a = m + rank * d_ + j * dv_;
+      for (index_t i = 0; i < dv_; ++i) out[i] += f * a[i];
+    }
+  }
 
   // Subclusters of cluster c are [first_subcluster(c), first_subcluster(c+1)) (numbered from 0).
   index_t first_subcluster(index_t c) const { return sub_begin_[c]; }
@@ -336,6 +364,8 @@ class mog_index {
     const auto start = std::chrono::steady_clock::now();
     d_ = kv.d();
     dv_ = kv.dv();
+    require(cfg_.cross_covariance_rank <= std::min(d_, dv_), "config.cross_covariance_rank", "must be at most min(d, dv) = ",
+            std::min(d_, dv_), " (0: full), got ", cfg_.cross_covariance_rank);
     const index_t n = kv.n() > cfg_.window ? kv.n() - cfg_.window : 0;  // the last `window` tokens stay exact
     sinks_ = std::min(cfg_.sinks, n);
     const row_matrix keys = read_keys(kv, 0, kv.n());
@@ -729,9 +759,37 @@ class mog_index {
           ++r;
         }
       const Eigen::MatrixXd cov = vc.transpose() * kc / static_cast<double>(total);  // [dv, d]
-      for (Eigen::Index a = 0; a < dv; ++a)
-        for (Eigen::Index t = 0; t < d; ++t) cross_cov_[(c * dv_ + static_cast<index_t>(a)) * d_ + static_cast<index_t>(t)] = static_cast<float>(cov(a, t));
+      float* out = cross_cov_.data() + c * cross_covariance_width();
+      if (cfg_.cross_covariance_rank == 0) {
+        for (Eigen::Index a = 0; a < dv; ++a)
+          for (Eigen::Index t = 0; t < d; ++t) out[a * d + t] = static_cast<float>(cov(a, t));
+      } else {
+        store_low_rank(cov, cfg_.cross_covariance_rank, out);
+      }
     });
+  }
+
+  // The best rank-r factors of cov [dv, d] as B [r, d] (orthonormal rows spanning its top right
+  // singular vectors) and A^T = (cov B^T)^T [r, dv]: cov ~ A B. Subspace iteration on cov^T cov
+  // with 6 extra columns from a fixed start, then the best r of them (Rayleigh-Ritz): a full
+  // eigensolver per cluster would cost ~1 ms at d = 128.
+  static void store_low_rank(const Eigen::MatrixXd& cov, index_t rank, float* out) {
+    const Eigen::Index d = cov.cols(), dv = cov.rows(), r = static_cast<Eigen::Index>(rank), k = std::min<Eigen::Index>(d, r + 6);
+    const Eigen::MatrixXd gram = cov.transpose() * cov;
+    Eigen::MatrixXd b(d, k);
+    for (Eigen::Index t = 0; t < d; ++t)  // a fixed start with no special direction
+      for (Eigen::Index j = 0; j < k; ++j) b(t, j) = std::cos(0.7 * static_cast<double>(t * (j + 1)) + static_cast<double>(j));
+    for (int pass = 0; pass < 12; ++pass) {
+      b = gram * b;
+      b = Eigen::HouseholderQR<Eigen::MatrixXd>(b).householderQ() * Eigen::MatrixXd::Identity(d, k);
+    }
+    const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> ritz(b.transpose() * gram * b);  // eigenvalues increasing
+    b = b * ritz.eigenvectors().rightCols(r);
+    const Eigen::MatrixXd a = cov * b;  // [dv, r]
+    for (Eigen::Index j = 0; j < r; ++j) {
+      for (Eigen::Index t = 0; t < d; ++t) out[j * d + t] = static_cast<float>(b(t, j));
+      for (Eigen::Index i = 0; i < dv; ++i) out[r * d + j * dv + i] = static_cast<float>(a(i, j));
+    }
   }
 
   // Resizes the summary arrays to the current counts, keeping the rows of the first
@@ -751,7 +809,7 @@ class mog_index {
     grow(log_counts_, 1);
     grow(variance_fit_, 1);
     grow(counts_, 1);
-    if (cfg_.cross_covariance) cross_cov_.resize(clusters_ * dv_ * d_, 0.f);  // rows of kept clusters stay
+    if (cfg_.cross_covariance) cross_cov_.resize(clusters_ * cross_covariance_width(), 0.f);  // rows of kept clusters stay
   }
 
   void set_group(index_t g, index_t count, const Eigen::VectorXd& mean, const Eigen::VectorXd& m2,

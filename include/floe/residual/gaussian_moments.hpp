@@ -59,7 +59,7 @@ struct gaussian_moments {
             "selection", "residual hints do not match the query group (", sel.heads, " heads, ", q.heads, " expected)");
     const mog_index& idx = *sel.source;
     const bool use_cov = cross_covariance && idx.has_cross_covariance();
-    const index_t heads = q.heads, dv = kv.dv(), d = kv.d();
+    const index_t heads = q.heads, dv = kv.dv();
 
     // Weights exp(lambda - top_h) <= 1 of every group and head, in vector lanes, and the
     // weighted value means in float: a few hundred groups at most a few thousand, far
@@ -97,19 +97,13 @@ struct gaussian_moments {
       if (j + rows_ahead < groups) idx.prefetch_value_mean(sel.residual_groups[j + rows_ahead]);
       idx.decode_value_mean(g, value_mean.data());
       const bool corrected = use_cov && g < idx.clusters();
-      if (corrected) bytes += dv * d * sizeof(float);
+      if (corrected) bytes += idx.cross_covariance_width() * sizeof(float);
       for (index_t h = 0; h < heads; ++h) {
         const float e = weight[h * groups + j];
         if (!(e > 0.f)) continue;
         float* __restrict ah = a.data() + h * dv;
         if (corrected) {  // the tilted mean of v: nu + s Cov(v, k) q
-          const float* cov = idx.cross_covariance(g);
-          const float* qh = q.row(h);
-          for (index_t i = 0; i < dv; ++i) {
-            double dot = 0.0;
-            for (index_t t = 0; t < d; ++t) dot += static_cast<double>(cov[i * d + t]) * qh[t];
-            shift[i] = static_cast<float>(q.scale * dot);
-          }
+          idx.cross_covariance_times(g, q.row(h), q.scale, shift.data());
           for (index_t i = 0; i < dv; ++i) ah[i] += e * (nu[i] + shift[i]);
         } else {
           for (index_t i = 0; i < dv; ++i) ah[i] += e * nu[i];
