@@ -49,7 +49,7 @@ struct options {
   bool key_metric = false;    // experiment: the keys themselves as the metric sample
   bool outliers_given = false;  // --outliers: one cap for every budget
   double outlier_share = select::mog_clusters::outlier_share;  // else at most this share of each budget
-  bool query_metric = false;  // build with the queries of the second half of the steps, test on the first
+  bool query_sample = false;  // build with the queries of the second half of the steps, test on the first
   bool breakdown = false;     // per-query counterfactual errors (mog_breakdown.hpp)
   bool cross_covariance = false;  // the residual corrects value means by s Cov(v, k) q
   bool help = false;
@@ -89,8 +89,11 @@ index
   --fit-probes P         fit each group's variance term over P probe keys (default 64; 0: off)
   --cross-covariance R   correct unrefined clusters' value means by s Cov(v, k) q, Cov(v, k) kept at
                          rank R (0: whole; float, dv d or R (d + dv) floats per cluster read, in bytes_read)
-  --query-metric         k-means metric from the queries of the second half of the steps;
-                         errors reported on the first half only
+  --query-sample         the queries of the second half of the steps as mog_config::query_sample
+                         (an engine's last prefill queries); errors reported on the first half only
+  --sample-outliers F    with a query sample: share F of the exact outliers are the keys it attends
+                         most, the rest the farthest (mog_config::sample_outlier_share, default 0.75)
+  --query-metric         --query-sample, and k-means in the metric of those queries
   --ridge R              ridge of that metric (fraction of the mean eigenvalue, default 0.1)
   --key-metric           experiment: the keys themselves as the metric sample
 append (docs/log/mog.md, "Appending 4096 tokens")
@@ -148,8 +151,13 @@ options parse(int argc, char** argv) {
       o.selector.config.cross_covariance = o.cross_covariance = true;
       o.selector.config.cross_covariance_rank = whole_number(a, next());
     }
-    else if (a == "--query-metric") o.query_metric = true;
-    else if (a == "--key-metric") o.key_metric = true;
+    else if (a == "--query-sample") o.query_sample = true;
+    else if (a == "--query-metric") o.query_sample = o.selector.config.query_metric = true;
+    else if (a == "--sample-outliers") o.selector.config.sample_outlier_share = real_number(a, next());
+    else if (a == "--key-metric") {  // the metric only: outliers by distance unless --sample-outliers follows
+      o.key_metric = o.selector.config.query_metric = true;
+      o.selector.config.sample_outlier_share = 0;
+    }
     else if (a == "--append") o.append = whole_number(a, next());
     else if (a == "--maximin") o.selector.maximin = true;
     else if (a == "--per-token") o.selector.rank_per_token = true;
@@ -243,8 +251,8 @@ int main(int argc, char** argv) try {
       const estimator<select::dense, residual::none> dense;
       const auto dense_state = dense.build(kv);
       select::mog_clusters builder = opt.selector;
-      const index_t test_steps = opt.query_metric ? dump.steps / 2 : dump.steps;
-      if (opt.query_metric)
+      const index_t test_steps = opt.query_sample ? dump.steps / 2 : dump.steps;
+      if (opt.query_sample)
         for (index_t t = test_steps; t < dump.steps; ++t)
           for (index_t j = 0; j < g; ++j) {
             const float* r = dump.queries_of(h, t).row(j);

@@ -47,6 +47,21 @@ inline void prefill_attention(const llama_config& c, int layer, const matrix& q,
   }
 }
 
+// The last `rows` post-RoPE query rows of every layer seen by prefill ([rows, n_head * head_dim]
+// each): the query sample a decode method may build its index with (mog:sample).
+struct recent_queries {
+  int rows = 32;
+  std::vector<matrix> layer;
+  void keep(int l, const matrix& q) {
+    if (layer.size() <= static_cast<std::size_t>(l)) layer.resize(static_cast<std::size_t>(l) + 1);
+    matrix& m = layer[static_cast<std::size_t>(l)];
+    matrix both(m.rows() + q.rows(), q.cols());
+    if (m.rows()) both.topRows(m.rows()) = m;
+    both.bottomRows(q.rows()) = q;
+    m = both.bottomRows(std::min<Eigen::Index>(rows, both.rows()));
+  }
+};
+
 // The first n tokens of KV head g of a layer, as floe reads them.
 inline floe::kv_view<float> layer_view(const kv_cache& cache, int layer, int g, int n) {
   return {cache.key(layer, g), cache.value(layer, g), static_cast<floe::index_t>(n),

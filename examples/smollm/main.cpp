@@ -36,7 +36,7 @@ const char* usage =
     "                        well each layer's top --budget F reuses across layers; writes the anchor plan\n"
     "                        of each count in --anchors C,C.. (default 4,6,10) to --out PREFIX-C.json;\n"
     "                        --dense-layers L,L.. attend everything (default 0, as Kascade; 'none')\n"
-    "  --list-methods        the methods --attn takes (floe-eval's registry, and anchor_reuse)\n"
+    "  --list-methods        the methods --attn takes (floe-eval's registry, anchor_reuse, mog:sample)\n"
     "options: --attn NAME[,NAME..] (default dense)  --exec simd|scalar (floe executor, default simd)\n"
     "         --threads N (Eigen's, default 1)  --anchor-plan FILE (for --attn anchor_reuse+none,\n"
     "         anchor_reuse:same_heads+none; from --calibrate-anchors)\n";
@@ -110,10 +110,11 @@ int run_generate(const llama_model& model, const bpe_tokenizer& tok, const optio
   if (o.has("--chat")) prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
   const std::vector<int> ids = tok.encode(prompt);
   const int max_new = static_cast<int>(o.integer("--max-new", 48));
+  recent_queries recent;
   auto method = make_attention(split(o.get("--attn", "dense"), ',').at(0), std::stod(o.get("--budget", "0.1")),
-                               o.get("--exec", "simd"));
+                               o.get("--exec", "simd"), nullptr, &recent, model.config().group(), model.config().head_dim);
   kv_cache cache(model.config(), static_cast<int>(ids.size()) + max_new);
-  matrix logits = prefill(model, ids, cache);
+  matrix logits = prefill(model, ids, cache, false, 256, true, &recent);
   method->build(model.config(), cache);
   std::cout << o.get("--generate") << std::flush;
   floe::stats io;
@@ -203,8 +204,9 @@ int run_calibrate(const llama_model& model, const bpe_tokenizer& tok, const opti
 // the prefill cache, and prints its row of the perplexity table.
 void run_method(const llama_model& model, const std::vector<int>& ids, int ctx, int eval, const kv_cache& after_prefill,
                 kv_cache& cache, const std::string& name, double budget, const std::string& budget_text,
-                const std::string& exec, const floe::select::anchor_plan* plan) {
-  auto method = make_attention(name, budget, exec, plan);
+                const std::string& exec, const floe::select::anchor_plan* plan, const recent_queries& recent) {
+  const auto& c = model.config();
+  auto method = make_attention(name, budget, exec, plan, &recent, c.group(), c.head_dim);
   cache = after_prefill;
   method->build(model.config(), cache);
   floe::stats io;
@@ -243,11 +245,14 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
 
   std::unique_ptr<floe::select::anchor_plan> plan;
   if (o.has("--anchor-plan")) plan = std::make_unique<floe::select::anchor_plan>(model_plan(model, o));
-  for (const auto& [name, budget] : runs) make_attention(name, budget, o.get("--exec", "simd"), plan.get());
+  recent_queries recent;  // the last 32 prefill queries of every layer, for mog:sample
+  for (const auto& [name, budget] : runs)
+    make_attention(name, budget, o.get("--exec", "simd"), plan.get(), &recent, model.config().group(),
+                   model.config().head_dim);
   kv_cache cache(model.config(), ctx + eval);
   const auto t0 = std::chrono::steady_clock::now();
   const double c0 = cpu_seconds();
-  prefill(model, std::span<const int>(ids.data(), static_cast<std::size_t>(ctx)), cache);
+  prefill(model, std::span<const int>(ids.data(), static_cast<std::size_t>(ctx)), cache, false, 256, true, &recent);
   const double prefill_s = seconds_since(t0), prefill_cpu = cpu_seconds() - c0;
   const kv_cache after_prefill = cache;
 
@@ -261,7 +266,7 @@ int run_perplexity(const llama_model& model, const bpe_tokenizer& tok, const opt
     const std::string budget_text = name == "dense" ? "-" : std::to_string(budget).substr(0, 5);
     try {
       run_method(model, ids, ctx, eval, after_prefill, cache, name, budget, budget_text, o.get("--exec", "simd"),
-                 plan.get());
+                 plan.get(), recent);
     } catch (const floe::invalid_argument& e) {
       // A method that cannot follow a growing cache through this interface (an index that
       // needs append()) is reported and skipped; the others still run.
@@ -401,7 +406,9 @@ int main(int argc, char** argv) {
       for (const auto& m : decode_methods<floe::exec::scalar>()) std::cout << m.name << "\t" << m.description << "\n";
       std::cout << "anchor_reuse+none\tKascade: anchor layers attend their exact top k, the layers after reuse it "
                    "through the head map of --anchor-plan\n"
-                << "anchor_reuse:same_heads+none\tthe same anchors, head h reusing head h (ablation of the head map)\n";
+                << "anchor_reuse:same_heads+none\tthe same anchors, head h reusing head h (ablation of the head map)\n"
+                << "mog:sample\tmog with each index built on the last 32 prefill queries of its GQA group: 3/4 of "
+                   "the exact outliers are the keys those queries attend most (--perplexity, --generate)\n";
       return 0;
     }
     if (o.has("--help") || argc == 1) {

@@ -23,12 +23,14 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 inline double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 // Prefills `tokens` into the cache in chunks, drawing a progress bar on stderr when
-// `progress`. Returns the logits of the last token (all tokens' when all_logits).
+// `progress`. Returns the logits of the last token (all tokens' when all_logits). With
+// `recent`, keeps each layer's last query rows there.
 inline matrix prefill(const llama_model& model, std::span<const int> tokens, kv_cache& cache,
-                      bool all_logits = false, int chunk = 256, bool progress = true) {
+                      bool all_logits = false, int chunk = 256, bool progress = true, recent_queries* recent = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   matrix logits, part;
   const auto attend = [&](int l, const matrix& q, const kv_cache& c, int pos0, matrix& out) {
+    if (recent) recent->keep(l, q);
     prefill_attention(model.config(), l, q, c, pos0, out);
   };
   for (std::size_t done = 0; done < tokens.size();) {

@@ -557,6 +557,7 @@ TEST_CASE("mog: a query-sample metric clusters keys by how queries score them", 
   plain.outlier_fraction = 0;
   mog_config metric = plain;
   metric.query_sample = signal_query(64);
+  metric.query_metric = true;
   const floe::testing::mog euclid(floe::testing::mog_selector(budget::fraction(0.02), plain), {});
   const floe::testing::mog probed(floe::testing::mog_selector(budget::fraction(0.02), metric), {});
   const auto se = euclid.build(kv.view()), sp = probed.build(kv.view());

@@ -554,3 +554,61 @@ TEST_CASE("mog_index: appended tokens are re-partitioned among themselves, built
   REQUIRE(std::find(idx.outliers().begin(), idx.outliers().end(), needle) != idx.outliers().end());
   REQUIRE(idx.outliers().size() <= idx.tokens() / 50);  // outlier_fraction 2 %
 }
+
+TEST_CASE("mog_index: a query sample picks as outliers the keys it attends, not the farthest", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(732);
+  const index_t n = 3000, d = 16, sinks = 4;
+  random_kv<float> kv(g, n, d, 8);
+  floe::testing::make_clustered(kv, g, 12);
+  const auto sample = floe::testing::random_floats(g, 40 * d, 2.f);
+  // The reference: each clustered key's softmax weight summed over the sample, in double.
+  std::vector<double> attention(n, 0.0);
+  for (index_t r = 0; r < 40; ++r) {
+    std::vector<double> z(n);
+    double top = -INFINITY, sum = 0;
+    for (index_t i = sinks; i < n; ++i) {
+      double dot = 0;
+      for (index_t t = 0; t < d; ++t) dot += static_cast<double>(sample[r * d + t]) * kv.keys[i * d + t];
+      z[i] = dot / 4.0;  // 1/sqrt(d)
+      top = std::max(top, z[i]);
+    }
+    for (index_t i = sinks; i < n; ++i) sum += std::exp(z[i] - top);
+    for (index_t i = sinks; i < n; ++i) attention[i] += std::exp(z[i] - top) / sum;
+  }
+  std::vector<index_t> order;
+  for (index_t i = sinks; i < n; ++i) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](index_t a, index_t b) { return attention[a] > attention[b]; });
+  mog_config cfg;
+  cfg.outlier_fraction = 0.02;  // a cap of 59 outliers among the 2996 clustered tokens
+  auto caught = [&](const mog_index& idx, index_t top) {  // how many of the `top` most attended are outliers
+    index_t count = 0;
+    for (auto p : idx.outliers()) count += std::find(order.begin(), order.begin() + top, index_t{p}) != order.begin() + top;
+    return count;
+  };
+  const auto by_distance = mog_index::build(kv.view(), cfg);
+  cfg.query_sample = sample;
+  cfg.sample_outlier_share = 1.0;
+  const auto by_sample = mog_index::build(kv.view(), cfg);
+  cfg.sample_outlier_share = 0.5;
+  const auto half = mog_index::build(kv.view(), cfg);
+  INFO("of the 59 most attended keys, outliers: by distance " << caught(by_distance, 59) << ", by sample "
+                                                             << caught(by_sample, 59) << "; of the 30, half " << caught(half, 30));
+  REQUIRE(by_sample.outliers().size() == 59);
+  REQUIRE(caught(by_sample, 59) >= 58);  // float scores against double: ties at the edge may swap
+  REQUIRE(caught(half, 30) >= 29);       // 30 of the 59 go to the sample
+  REQUIRE(half.outliers().size() <= 59);
+  REQUIRE(caught(by_distance, 59) < 30);  // the farthest keys are mostly others
+  check_partition(by_sample);
+  check_partition(half);
+
+  mog_config bad = cfg;
+  bad.sample_outlier_share = 1.5;
+  REQUIRE_THROWS_WITH(mog_index::build(kv.view(), bad), Catch::Contains("config.sample_outlier_share"));
+  bad = cfg;
+  bad.query_sample[17] = std::nanf("");
+  REQUIRE_THROWS_WITH(mog_index::build(kv.view(), bad), Catch::Contains("config.query_sample"));
+  bad = mog_config{};
+  bad.query_metric = true;  // a metric needs the sample
+  REQUIRE_THROWS_WITH(mog_index::build(kv.view(), bad), Catch::Contains("config.query_metric"));
+}

@@ -74,11 +74,22 @@ struct mog_config {
   // 0: Cov(v, k) kept whole, dv x d floats per cluster; r >= 1: its best rank-r factors
   // (subspace iteration), r (dv + d) floats, which is what a step reads per unrefined cluster.
   index_t cross_covariance_rank = 0;
+  // With a query_sample: this share of the outlier cap goes to the keys the sample attends
+  // most (softmax weights at the scale 1/sqrt(d), summed over its rows), whatever their
+  // distance to their cluster; the rest to the distance tests. On the SmolLM2 dumps the
+  // farthest keys hold no more of the decode queries' mass than random ones; 0.75 keeps a
+  // quarter for the synthetic cache's salient tokens that the sample does not attend
+  // (docs/log/mog.md, "Outliers chosen by a query sample"). Tokens appended later are tested
+  // by distance only. Without a query_sample every outlier is chosen by distance.
+  double sample_outlier_share = 0.75;
   std::uint64_t seed = 0x6d6f67;
   // Optional sample of queries (rows of d floats, e.g. the last prefill queries of the GQA
-  // group): k-means then uses the metric E[(q.(k - k'))^2], so that clusters group keys the
-  // queries score alike. Empty: plain Euclidean k-means.
+  // group): it picks sample_outlier_share of the outliers and is the variance fit's probes.
   std::vector<float> query_sample;
+  // With query_sample: k-means in the metric E[(q.(k - k'))^2], so that clusters group keys
+  // the queries score alike. Off by default: with the sample's outliers it raised p90 on the
+  // synthetic cache and on some SmolLM2 layers (docs/log/mog.md, "Outliers chosen by a query sample").
+  bool query_metric = false;
   double query_metric_ridge = 0.1;  // adds this fraction of the mean eigenvalue to every direction
 };
 
@@ -371,11 +382,21 @@ class mog_index {
     const row_matrix keys = read_keys(kv, 0, kv.n());
     check_values(kv, 0, kv.n());
     const auto middle = keys.middleRows(static_cast<Eigen::Index>(sinks_), static_cast<Eigen::Index>(n - sinks_));
-    metric_ = cfg_.query_sample.empty() ? row_matrix() : query_metric_root();
+    require(cfg_.sample_outlier_share >= 0.0 && cfg_.sample_outlier_share <= 1.0, "config.sample_outlier_share",
+            "must lie in [0, 1], got ", cfg_.sample_outlier_share);
+    require(cfg_.query_sample.size() % d_ == 0, "config.query_sample", "holds ", cfg_.query_sample.size(),
+            " floats, not a multiple of d = ", d_);
+    for (std::size_t i = 0; i < cfg_.query_sample.size(); ++i)
+      require(std::isfinite(cfg_.query_sample[i]), "config.query_sample", "element ", i, " (row ", i / d_, ") is not finite");
+    require(!cfg_.query_metric || !cfg_.query_sample.empty(), "config.query_metric",
+            "needs config.query_sample: the queries that define the metric");
+    metric_ = cfg_.query_metric ? query_metric_root() : row_matrix();
     clear_layout();
     if (n > sinks_) {
       std::vector<std::uint32_t> outliers;
-      add_clusters(partition(in_metric(middle), parallel_for, outliers), sinks_);
+      const bool by_sample = cfg_.sample_outlier_share > 0.0 && !cfg_.query_sample.empty();
+      const std::vector<float> attention = by_sample ? sample_attention(middle) : std::vector<float>();
+      add_clusters(partition(in_metric(middle), parallel_for, outliers, by_sample ? &attention : nullptr), sinks_);
       for (auto p : outliers) outliers_.push_back(static_cast<std::uint32_t>(p + sinks_));
     }
     n_ = n;
@@ -573,15 +594,53 @@ class mog_index {
     }
   }
 
-  // Two-level k-means of the rows of keys, then outliers (row numbers, increasing) taken out.
+  // Two-level k-means of the rows of keys, then outliers (row numbers, increasing) taken out:
+  // with the query sample's per-row attention, its sample_outlier_share of the cap most
+  // attended first, then the farthest by the distance tests up to the cap.
   std::vector<cluster_members> partition(const row_matrix& keys, const parallel_for_fn& parallel_for,
-                                         std::vector<std::uint32_t>& outliers) const {
+                                         std::vector<std::uint32_t>& outliers, const std::vector<float>* attention = nullptr) const {
     const index_t n = static_cast<index_t>(keys.rows());
     const index_t want_c = cfg_.clusters ? cfg_.clusters : static_cast<index_t>(std::lround(std::sqrt(double(n))));
-    std::vector<float> mahalanobis(n, 0.f);
-    std::vector<cluster_members> parts = two_level(keys, want_c, subclusters_per_cluster(n), parallel_for, &mahalanobis);
-    outliers = split_outliers(parts, mahalanobis, static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(n)));
+    const auto cap = static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(n));
+    std::vector<float> statistic(n, 0.f);
+    std::vector<cluster_members> parts = two_level(keys, want_c, subclusters_per_cluster(n), parallel_for, &statistic);
+    if (attention) {  // the most attended rank above every distance (isolated keys have the largest finite float)
+      const auto take = std::min<index_t>(n, static_cast<index_t>(std::lround(cfg_.sample_outlier_share * static_cast<double>(cap))));
+      std::vector<std::uint32_t> rows(n);
+      std::iota(rows.begin(), rows.end(), 0u);
+      std::nth_element(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(take), rows.end(),
+                       [&](std::uint32_t a, std::uint32_t b) { return (*attention)[a] > (*attention)[b]; });
+      for (index_t j = 0; j < take; ++j) statistic[rows[j]] = std::numeric_limits<float>::infinity();
+    }
+    outliers = split_outliers(parts, statistic, outlier_threshold(), cap);
     return parts;
+  }
+
+  // Each row's softmax weight under every query of the sample (scale 1/sqrt(d)), summed over
+  // the sample: two passes over blocks of rows (log-sum-exp per query, then the weights), so
+  // that no [rows, sample] matrix is held.
+  template <class Rows>
+  std::vector<float> sample_attention(const Rows& keys) const {
+    const Eigen::Index d = static_cast<Eigen::Index>(d_), n = keys.rows(), block = 4096;
+    const Eigen::Map<const row_matrix> q(cfg_.query_sample.data(), static_cast<Eigen::Index>(cfg_.query_sample.size() / d_), d);
+    const float scale = 1.f / std::sqrt(static_cast<float>(d_));
+    Eigen::ArrayXd top = Eigen::ArrayXd::Constant(q.rows(), -std::numeric_limits<double>::infinity()), sum = Eigen::ArrayXd::Zero(q.rows());
+    for (Eigen::Index b = 0; b < n; b += block) {
+      const Eigen::MatrixXf z = (keys.middleRows(b, std::min(block, n - b)) * q.transpose()) * scale;
+      for (Eigen::Index r = 0; r < q.rows(); ++r) {
+        const double m = std::max(top[r], static_cast<double>(z.col(r).maxCoeff()));
+        sum[r] = sum[r] * std::exp(top[r] - m) + (z.col(r).cast<double>().array() - m).exp().sum();
+        top[r] = m;
+      }
+    }
+    const Eigen::ArrayXd lse = top + sum.log();
+    std::vector<float> out(static_cast<std::size_t>(n), 0.f);
+    for (Eigen::Index b = 0; b < n; b += block) {
+      const Eigen::MatrixXf z = (keys.middleRows(b, std::min(block, n - b)) * q.transpose()) * scale;
+      for (Eigen::Index i = 0; i < z.rows(); ++i)
+        out[static_cast<std::size_t>(b + i)] = static_cast<float>((z.row(i).cast<double>().array().transpose() - lse).exp().sum());
+    }
+    return out;
   }
 
   // Squared Mahalanobis distance beyond which a key is an outlier: a chi-square tail.
@@ -589,11 +648,10 @@ class mog_index {
     return static_cast<double>(d_) + cfg_.outlier_sigma * std::sqrt(2.0 * static_cast<double>(d_));
   }
 
-  // Rows whose distance passes the threshold, the farthest first and at most cap of them,
+  // Rows whose statistic passes the threshold, the largest first and at most cap of them,
   // taken out of parts; returned in increasing order.
   std::vector<std::uint32_t> split_outliers(std::vector<cluster_members>& parts, const std::vector<float>& mahalanobis,
-                                            index_t cap) const {
-    const double threshold = outlier_threshold();
+                                            double threshold, index_t cap) const {
     std::vector<std::uint32_t> outliers;
     for (index_t i = 0; i < mahalanobis.size(); ++i)
       if (mahalanobis[i] > threshold) outliers.push_back(static_cast<std::uint32_t>(i));
@@ -965,7 +1023,7 @@ class mog_index {
     const auto k = static_cast<index_t>(std::ceil(static_cast<double>(m) / std::max(typical, 1.0)));
     std::vector<float> mahalanobis(m, 0.f);
     auto fresh = two_level(in_metric(read_keys(kv, begin, n_)), k, subclusters_per_cluster(n_), parallel_for, &mahalanobis);
-    for (auto p : split_outliers(fresh, mahalanobis, static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(m))))
+    for (auto p : split_outliers(fresh, mahalanobis, outlier_threshold(), static_cast<index_t>(cfg_.outlier_fraction * static_cast<double>(m))))
       outliers.push_back(static_cast<std::uint32_t>(begin + p));
     truncate_layout(built_clusters_);
     outliers_ = std::move(outliers);  // built ones first, then appended: increasing
