@@ -6,7 +6,7 @@
 //                     [--budgets 0.01,0.02,0.03,0.05] [--threads 2] [--window W]
 //                     [--refine R] [--optimism O] [--clusters C] [--subclusters S] [--outliers F | --outlier-share B] [--outlier-sigma Z]
 //                     [--query-metric] [--append A] [--join-sigma S] [--split-factor F] [--segment-growth G]
-//                     [--maximin] [--per-token] [--breakdown]
+//                     [--maximin] [--per-token] [--token-scan] [--breakdown]
 // --query-metric builds the k-means metric from the queries of the second half of the
 // decode steps and reports errors on the first half only. --append A builds on the first
 // n - A tokens, appends the last A (index append) and also reports a fresh build on all n.
@@ -77,6 +77,9 @@ budgets and selector
   --variance-scale C     estimate with C x the Gaussian's variance term (default 1)
   --maximin              GQA heads take turns instead of ranking by any head's share
   --per-token            rank groups by estimated mass per token, not by mass (rank_per_token)
+  --token-scan           rank the members of refined clusters one by one by 4-bit keys kept in the
+                         index (mog_config::token_scan; the scan's bytes are in bytes_read); refine 4
+                         unless --refine is given
 index
   --clusters C           clusters (default round(sqrt(n)))
   --subclusters S        subclusters per cluster (default max(1, round(2/3 ln n)))
@@ -119,6 +122,7 @@ std::vector<double> parse_list(const std::string& name, const std::string& s) {
 
 options parse(int argc, char** argv) {
   options o;
+  bool refine_given = false;
   o.selector.config.window = 64;  // as mog_clusters::with_budget for budgets of 1024 tokens or more
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -135,7 +139,7 @@ options parse(int argc, char** argv) {
     else if (a == "--budgets") o.budgets = parse_list(a, next());
     else if (a == "--threads") o.threads = whole_number(a, next(), false);
     else if (a == "--window") o.selector.config.window = whole_number(a, next());
-    else if (a == "--refine") o.selector.refine = real_number(a, next());
+    else if (a == "--refine") o.selector.refine = real_number(a, next()), refine_given = true;
     else if (a == "--optimism") o.selector.optimism = real_number(a, next());
     else if (a == "--variance-scale") o.selector.variance_scale = real_number(a, next());
     else if (a == "--clusters") o.selector.config.clusters = whole_number(a, next());
@@ -161,6 +165,7 @@ options parse(int argc, char** argv) {
     else if (a == "--append") o.append = whole_number(a, next());
     else if (a == "--maximin") o.selector.maximin = true;
     else if (a == "--per-token") o.selector.rank_per_token = true;
+    else if (a == "--token-scan") o.selector.config.token_scan = true;
     else if (a == "--breakdown") o.breakdown = true;
     else if (a == "--join-sigma") o.selector.config.join_sigma = real_number(a, next());
     else if (a == "--split-factor") o.selector.config.split_factor = real_number(a, next());
@@ -169,6 +174,7 @@ options parse(int argc, char** argv) {
     else throw invalid_argument(a.c_str(), "unknown option");
   }
   for (double b : o.budgets) require(b > 0.0 && b <= 1.0, "--budgets", "fractions must lie in (0, 1], got ", b);
+  if (o.selector.config.token_scan && !refine_given) o.selector.refine = select::mog_clusters::token_scan_refine;
   return o;
 }
 
@@ -358,9 +364,10 @@ int main(int argc, char** argv) try {
     const double kv0 = static_cast<double>(dump.n * (dump.d + dump.dv) * dump.element_bytes()) / 100.0;
     const mog_memory& m = memory[0];
     std::printf("index of KV head 0: %zu clusters, %zu subclusters, %zu outliers; %% of KV bytes: cluster summaries %.2f, "
-                "subcluster summaries %.2f, positions %.2f, offsets %.2f, cross-covariance %.2f, metric %.2f, probes %.2f, total %.2f\n",
+                "subcluster summaries %.2f, positions %.2f, offsets %.2f, cross-covariance %.2f, metric %.2f, probes %.2f, token scan %.2f, total %.2f\n",
                 shape[0], shape[1], shape[2], m.cluster_summaries / kv0, m.subcluster_summaries / kv0, m.positions / kv0,
-                m.offsets / kv0, m.cross_covariance / kv0, m.metric / kv0, m.probes / kv0, m.total() / kv0);
+                m.offsets / kv0, m.cross_covariance / kv0, m.metric / kv0, m.probes / kv0, m.token_scan / kv0,
+                m.total() / kv0);
   }
   std::printf("%-18s %7s %9s %10s %8s %8s %8s %8s\n", "method", "budget", "keys_read", "bytes_read", "err_p50", "err_p90",
               "err_p99", "err_max");

@@ -24,6 +24,7 @@
 #include "floe/core/numeric_types.hpp"
 #include "floe/exec/parallel.hpp"
 #include "floe/index/kmeans.hpp"
+#include "floe/index/quantized_keys.hpp"
 #include "floe/index/widen.hpp"
 
 namespace floe {
@@ -91,6 +92,12 @@ struct mog_config {
   // synthetic cache and on some SmolLM2 layers (docs/log/mog.md, "Outliers chosen by a query sample").
   bool query_metric = false;
   double query_metric_ridge = 0.1;  // adds this fraction of the mean eigenvalue to every direction
+  // Keep 4-bit keys of the clustered tokens in cluster order (quantized_keys, about d/2 + 8
+  // bytes per token), so that the selector ranks the members of refined clusters token by
+  // token instead of by subcluster Gaussians: a heavy token inside a cluster is read
+  // however its subcluster's moments look (docs/methods/mog.md, "Token scan"). Tokens of
+  // clusters formed by append are not scanned. Costs index memory beyond the 5 % target.
+  bool token_scan = false;
 };
 
 // log(n E[exp(s q.k)]) for k ~ N(mean, diag(variance)): log n + s q.mean + s^2/2 sum q_t^2 var_t.
@@ -198,8 +205,9 @@ struct mog_memory {
   std::uint64_t cross_covariance = 0;      // optional, float [clusters, dv, d]
   std::uint64_t metric = 0;                // optional query metric, float [d, d]
   std::uint64_t probes = 0;                // the variance fit's probe queries, float [probes, d] (kept for append)
+  std::uint64_t token_scan = 0;            // optional 4-bit keys of the clustered tokens (mog_config::token_scan)
   std::uint64_t total() const {
-    return cluster_summaries + subcluster_summaries + positions + offsets + cross_covariance + metric + probes;
+    return cluster_summaries + subcluster_summaries + positions + offsets + cross_covariance + metric + probes + token_scan;
   }
 };
 
@@ -306,6 +314,19 @@ class mog_index {
   std::span<const std::uint32_t> members(index_t s) const {
     return {members_.data() + member_begin_[s], member_begin_[s + 1] - member_begin_[s]};
   }
+  // Member row of subcluster s's first member: members of cluster c are the member rows
+  // [first_member(first_subcluster(c)), first_member(first_subcluster(c + 1))).
+  index_t first_member(index_t s) const { return member_begin_[s]; }
+  std::uint32_t member_position(index_t row) const { return members_[row]; }
+  // 4-bit keys of member rows [0, first_member(first_subcluster(scanned_clusters()))), the
+  // members of the clusters as built (mog_config::token_scan; append leaves them in place).
+  index_t scanned_clusters() const {
+    return scanned_clusters_ > 0 && scanned_clusters_ <= clusters_ &&
+                   member_begin_[sub_begin_[scanned_clusters_]] == member_keys_.tokens()
+               ? scanned_clusters_
+               : 0;
+  }
+  const quantized_keys& member_keys() const { return member_keys_; }
   // Outlier keys, increasing positions: in no cluster, always attended exactly.
   std::span<const std::uint32_t> outliers() const { return outliers_; }
 
@@ -341,6 +362,7 @@ class mog_index {
     m.cross_covariance = sizeof(float) * cross_cov_.size();
     m.metric = sizeof(float) * static_cast<std::uint64_t>(metric_.size());
     m.probes = sizeof(float) * static_cast<std::uint64_t>(probes_.size());
+    m.token_scan = member_keys_.bytes();
     return m;
   }
   std::uint64_t bytes() const { return memory().total(); }
@@ -404,6 +426,7 @@ class mog_index {
     clear_summaries();
     regroup(0, 0, 0);
     compute_moments(kv, clusters_from(0), parallel_for);
+    build_token_scan(keys);
     built_mean_sq_dist_ = 0.0;
     for (index_t c = 0; c < clusters_; ++c) built_mean_sq_dist_ += static_cast<double>(counts_[c]) * metric_spread(c);
     built_mean_sq_dist_ /= static_cast<double>(std::max<index_t>(n_ - sinks_ - outliers_.size(), 1));
@@ -417,6 +440,18 @@ class mog_index {
   }
 
   using cluster_members = std::vector<std::vector<std::uint32_t>>;  // subclusters, each increasing positions
+
+  // The members' keys in member order, 4-bit (mog_config::token_scan).
+  void build_token_scan(const row_matrix& keys) {
+    member_keys_ = quantized_keys();
+    scanned_clusters_ = 0;
+    if (!cfg_.token_scan || members_.empty()) return;
+    row_matrix rows(static_cast<Eigen::Index>(members_.size()), static_cast<Eigen::Index>(d_));
+    for (index_t j = 0; j < members_.size(); ++j)
+      rows.row(static_cast<Eigen::Index>(j)) = keys.row(static_cast<Eigen::Index>(members_[j]));
+    member_keys_ = quantized_keys::build(kv_view<float>(rows.data(), rows.data(), members_.size(), d_, d_));
+    scanned_clusters_ = clusters_;
+  }
 
   // L with L L^T = E[q q^T] + ridge: Euclidean distance of k L is the query metric.
   row_matrix query_metric_root() const {
@@ -1177,6 +1212,8 @@ class mog_index {
   std::vector<float> cross_cov_;          // [clusters, dv, d] when configured
   std::vector<float> variance_fit_;       // [groups]: factor of the variance term (1: the Gaussian's)
   row_matrix probes_;                     // [variance_fit_probes, d]: probe queries, scale included
+  quantized_keys member_keys_;            // mog_config::token_scan: 4-bit keys of the built clusters' members
+  index_t scanned_clusters_ = 0;          // clusters [0, this) have their members in member_keys_
   row_matrix metric_;                     // [d, d] L of the query metric, empty for Euclidean
   index_t n_at_build_ = 0, appended_ = 0, joined_ = 0, built_clusters_ = 0, built_subclusters_ = 0;
   index_t segment_size_ = 0;  // appended tokens at the last re-partition of the appended segment

@@ -70,6 +70,17 @@ struct mog_clusters {
     return s;
   }
 
+  // Token scan (mog_config::token_scan) with refined clusters holding 4x the budget: the
+  // members of twice as many clusters ranked by 4-bit keys measured best on the SmolLM2
+  // dumps (docs/log/mog.md, "Token scan").
+  static constexpr double token_scan_refine = 4.0;
+  mog_clusters with_token_scan() const {
+    mog_clusters s = *this;
+    s.config.token_scan = true;
+    s.refine = token_scan_refine;
+    return s;
+  }
+
   template <KvView KV>
   index build(const KV& kv) const { return mog_index::build(kv, config); }
 
@@ -122,6 +133,8 @@ struct mog_clusters {
         },
         maximin);
 
+    if (idx.scanned_clusters() > 0) return select_tokens(idx, q, scorer, cl, refined, left, n, out, st);
+
     // Subclusters of refined clusters, normalised against the refined partition.
     std::vector<std::uint32_t> cand;
     cand.reserve(candidates);
@@ -158,17 +171,7 @@ struct mog_clusters {
     st.summary_bytes += idx.outliers().size() * sizeof(std::uint32_t);
     st.summary_bytes += taken * sizeof(std::uint32_t) + chosen_count * 2 * sizeof(std::uint32_t);  // positions, offsets
     out.add(0, idx.sinks());
-    if (!add_whole_runs(idx, picked, out)) {
-      std::vector<std::uint64_t> marks((tail_begin + 63) / 64, 0);
-      for (auto p : idx.outliers()) marks[p >> 6] |= std::uint64_t{1} << (p & 63);
-      for (auto s : picked)
-        for (auto p : idx.members(s)) marks[p >> 6] |= std::uint64_t{1} << (p & 63);
-      for (index_t word = 0; word < marks.size(); ++word)
-        for (std::uint64_t bits = marks[word]; bits != 0; bits &= bits - 1) {
-          const index_t p = word * 64 + static_cast<index_t>(std::countr_zero(bits));
-          out.add(p, p + 1);
-        }
-    }
+    if (!add_whole_runs(idx, picked, out)) add_marked(idx, picked, {}, out);
     out.add(tail_begin, n);
 
     // Hints for the residual: every group not read exactly, with its log-mass per head.
@@ -346,6 +349,121 @@ struct mog_clusters {
     std::sort(runs.begin(), runs.end(), [](const token_range& a, const token_range& b) { return a.begin < b.begin; });
     for (const auto& r : runs) out.add(r.begin, r.end);
     return true;
+  }
+
+  // Adds the outliers, the members of subclusters `subs` and the tokens at `positions`, in
+  // increasing order (all below idx.tokens()).
+  static void add_marked(const mog_index& idx, const std::vector<std::uint32_t>& subs,
+                         const std::vector<std::uint32_t>& positions, floe::selection& out) {
+    std::vector<std::uint64_t> marks((idx.tokens() + 63) / 64, 0);
+    auto mark = [&](std::uint32_t p) { marks[p >> 6] |= std::uint64_t{1} << (p & 63); };
+    for (auto p : idx.outliers()) mark(p);
+    for (auto s : subs)
+      for (auto p : idx.members(s)) mark(p);
+    for (auto p : positions) mark(p);
+    for (index_t word = 0; word < marks.size(); ++word)
+      for (std::uint64_t bits = marks[word]; bits != 0; bits &= bits - 1) {
+        const index_t p = word * 64 + static_cast<index_t>(std::countr_zero(bits));
+        out.add(p, p + 1);
+      }
+  }
+
+  // mog_config::token_scan: the members of refined clusters that have 4-bit keys are ranked
+  // one by one by their score estimates, the subclusters of other refined clusters (formed
+  // by append) by their Gaussians, in one order by largest estimated share of any head
+  // (maximin is not applied). A scanned subcluster's unread members go to the residual as
+  // one group with their summed estimated mass and the subcluster's value mean.
+  void select_tokens(const index& idx, const query_group& q, group_scorer& scorer, const scores& cl,
+                     const std::vector<char>& refined, index_t left, index_t n, selection& out, stats& st) const {
+    const index_t heads = q.heads, clusters = idx.clusters(), scanned = idx.scanned_clusters();
+    const quantized_keys& keys = idx.member_keys();
+    const quantized_query prepared = keys.prepare(q);
+    std::vector<std::uint32_t> rows, cand;  // scanned member rows; subclusters of unscanned refined clusters
+    std::vector<float> estimate, range;     // [rows, heads] score estimates; one cluster's [heads, members]
+    index_t scanned_refined = 0;
+    for (index_t c = 0; c < clusters; ++c) {
+      if (!refined[c]) continue;
+      if (c >= scanned) {
+        for (index_t s = idx.first_subcluster(c); s < idx.first_subcluster(c + 1); ++s) cand.push_back(static_cast<std::uint32_t>(s));
+        continue;
+      }
+      const index_t begin = idx.first_member(idx.first_subcluster(c)), end = idx.first_member(idx.first_subcluster(c + 1));
+      range.resize(heads * (end - begin));
+      keys.scan(prepared, begin, end, range.data(), nullptr, end - begin);
+      for (index_t i = begin; i < end; ++i) {
+        rows.push_back(static_cast<std::uint32_t>(i));
+        for (index_t h = 0; h < heads; ++h) estimate.push_back(range[h * (end - begin) + i - begin]);
+      }
+      ++scanned_refined;
+    }
+    st.summary_bytes += rows.size() * keys.bytes_per_token() + scanned_refined * 2 * sizeof(std::uint32_t);
+    scores sub = scorer.rows_of(cand, clusters);
+    st.summary_bytes += scorer.bytes(cand.size());
+
+    // One greedy order: item j < rows.size() is a token, the rest subclusters.
+    auto share = [&](auto&& log_mass) {
+      float best = -std::numeric_limits<float>::infinity();
+      for (index_t h = 0; h < heads; ++h) best = std::max(best, log_mass(h) - cl.log_z[static_cast<Eigen::Index>(h)]);
+      return best;
+    };
+    std::vector<std::pair<float, std::uint32_t>> order;
+    order.reserve(rows.size() + cand.size());
+    for (index_t j = 0; j < rows.size(); ++j)
+      order.push_back({share([&](index_t h) { return estimate[j * heads + h]; }), static_cast<std::uint32_t>(j)});
+    for (index_t j = 0; j < cand.size(); ++j)
+      order.push_back({share([&](index_t h) { return sub.pri(static_cast<Eigen::Index>(j), static_cast<Eigen::Index>(h)); }),
+                       static_cast<std::uint32_t>(rows.size() + j)});
+    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::vector<char> chosen(order.size(), 0);
+    std::vector<std::uint32_t> positions, picked;
+    for (const auto& [priority, j] : order) {
+      if (left == 0) break;
+      const index_t size = j < rows.size() ? 1 : idx.count(clusters + cand[j - rows.size()]);
+      if (size > left) continue;
+      chosen[j] = 1;
+      left -= size;
+      if (j < rows.size()) positions.push_back(idx.member_position(rows[j]));
+      else picked.push_back(cand[j - rows.size()]);
+    }
+    index_t picked_members = 0;
+    for (auto s : picked) picked_members += idx.count(clusters + s);
+    st.summary_bytes += (idx.outliers().size() + positions.size() + picked_members) * sizeof(std::uint32_t) +
+                        picked.size() * 2 * sizeof(std::uint32_t);
+    out.add(0, idx.sinks());
+    add_marked(idx, picked, positions, out);
+    out.add(idx.tokens(), n);
+
+    // Residual: unrefined clusters, unchosen subclusters, unread members of scanned subclusters.
+    std::vector<float> masses;  // [groups, heads]
+    for (index_t c = 0; c < clusters; ++c)
+      if (!refined[c]) {
+        out.residual_groups.push_back(static_cast<std::uint32_t>(c));
+        for (index_t h = 0; h < heads; ++h) masses.push_back(cl.log_mass(c, h));
+      }
+    for (index_t j = 0; j < cand.size(); ++j)
+      if (!chosen[rows.size() + j]) {
+        out.residual_groups.push_back(static_cast<std::uint32_t>(clusters + cand[j]));
+        for (index_t h = 0; h < heads; ++h) masses.push_back(sub.log_mass(j, h));
+      }
+    std::vector<double> unread(heads);
+    for (index_t j = 0, s = 0; j < rows.size();) {  // rows run subcluster by subcluster
+      while (idx.first_member(s + 1) <= rows[j]) ++s;
+      const index_t end = idx.first_member(s + 1);
+      std::fill(unread.begin(), unread.end(), -std::numeric_limits<double>::infinity());
+      bool any = false;
+      for (; j < rows.size() && rows[j] < end; ++j)
+        if (!chosen[j]) {
+          any = true;
+          for (index_t h = 0; h < heads; ++h) unread[h] = detail::log_add(unread[h], estimate[j * heads + h]);
+        }
+      if (!any) continue;
+      out.residual_groups.push_back(static_cast<std::uint32_t>(clusters + s));
+      for (index_t h = 0; h < heads; ++h) masses.push_back(static_cast<float>(unread[h]));
+    }
+    const index_t g = out.residual_groups.size();
+    out.residual_log_mass.resize(heads * g);
+    for (index_t r = 0; r < g; ++r)
+      for (index_t h = 0; h < heads; ++h) out.residual_log_mass[h * g + r] = masses[r * heads + h];
   }
 
   static double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }

@@ -1,0 +1,226 @@
+// mog_config::token_scan: 4-bit keys of the clustered tokens, so that the members of
+// refined clusters are ranked one by one. Every token is read or estimated once, unread
+// members carry their scanned mass, a heavy token inside a cluster is read, and clusters
+// formed by append fall back to subclusters. Keys the 4-bit rows cannot hold are refused.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "mog/mog_support.hpp"
+
+using namespace floe;
+using floe::testing::random_kv;
+
+namespace {
+
+select::mog_clusters scanning(budget b, mog_config cfg = {}) { return floe::testing::mog_selector(b, cfg).with_token_scan(); }
+
+// Every clustered token is read exactly or in exactly one residual group, which for a
+// subcluster holds only its unread members; returns how often each token is counted.
+std::vector<int> coverage(const mog_index& idx, const select::mog_clusters::selection& out, index_t n) {
+  std::vector<int> cover(n, 0), read(n, 0);
+  for (const auto& r : out.ranges)
+    for (index_t i = r.begin; i < r.end; ++i) ++cover[i], read[i] = 1;
+  for (auto gid : out.residual_groups) {
+    const bool cluster = gid < idx.clusters();
+    const index_t s0 = cluster ? idx.first_subcluster(gid) : gid - idx.clusters();
+    const index_t s1 = cluster ? idx.first_subcluster(gid + 1) : s0 + 1;
+    for (index_t sub = s0; sub < s1; ++sub)
+      for (auto p : idx.members(sub))
+        if (cluster || !read[p]) ++cover[p];
+        else REQUIRE(!cluster);  // a read member of a residual subcluster is left to the exact part
+  }
+  return cover;
+}
+
+double log_sum_exp(const std::vector<double>& x) {
+  double top = -std::numeric_limits<double>::infinity(), sum = 0.0;
+  for (double v : x) top = std::max(top, v);
+  for (double v : x) sum += std::exp(v - top);
+  return top + std::log(sum);
+}
+
+}  // namespace
+
+TEST_CASE("mog token scan: full budget equals dense, and the index holds 4-bit keys of every clustered token", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(741);
+  for (auto [n, block] : {std::pair<index_t, index_t>{1, 0}, {700, 0}, {2000, 16}}) {
+    INFO("n " << n << " block " << block);
+    random_kv<half> kv(g, n, 32, 24, 1, block);
+    const auto qd = floe::testing::random_floats(g, 3 * 32, 2.f);
+    const auto q = query_group::make(qd.data(), 3, 32);
+    const floe::testing::mog est(scanning(budget::fraction(1.0)), {});
+    auto run = [&](const auto& view) {
+      const auto state = est.build(view);
+      const mog_index& idx = state.selector_index;
+      index_t clustered = 0;
+      for (index_t s = 0; s < idx.subclusters(); ++s) clustered += idx.members(s).size();
+      REQUIRE(idx.memory().token_scan == clustered * idx.member_keys().bytes_per_token());
+      REQUIRE(idx.scanned_clusters() == (clustered ? idx.clusters() : 0));
+      stats s;
+      const auto out = floe::testing::decode(est, state, view, q, s);
+      REQUIRE(floe::testing::worst_head_error(out, floe::testing::dense_reference(view, q), 3, 24) <= 1e-6);
+      REQUIRE(s.tokens_read == n);
+    };
+    if (kv.paged()) run(kv.paged_view());
+    else run(kv.view());
+  }
+  // Off: no 4-bit keys.
+  random_kv<float> kv(g, 500, 16, 8);
+  REQUIRE(mog_index::build(kv.view()).memory().token_scan == 0);
+  REQUIRE(mog_index::build(kv.view()).scanned_clusters() == 0);
+}
+
+TEST_CASE("mog token scan: every token is read or estimated once, and unread members carry their scanned mass", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(742);
+  random_kv<float> kv(g, 3000, 32, 16);
+  floe::testing::make_clustered(kv, g, 20);
+  const auto view = kv.view();
+  const auto sel = scanning(budget::fraction(0.05));
+  const mog_index idx = sel.build(view);
+  const auto qd = floe::testing::random_floats(g, 4 * 32, 1.f);
+  const auto q = query_group::make(qd.data(), 4, 32);
+  select::mog_clusters::selection out;
+  stats s;
+  sel.select(idx, view, q, exec::scalar{}, out, s);
+  validate_ranges(out.ranges, view.n());
+  REQUIRE(out.count() <= 150);
+  const auto cover = coverage(idx, out, view.n());
+  REQUIRE(std::all_of(cover.begin(), cover.end(), [](int c) { return c == 1; }));
+
+  std::vector<char> read(view.n(), 0);
+  for (const auto& r : out.ranges)
+    for (index_t i = r.begin; i < r.end; ++i) read[i] = 1;
+  const index_t groups = out.residual_groups.size();
+  index_t partial = 0, refined_tokens = 0;
+  for (index_t j = 0; j < groups; ++j) {
+    const auto gid = out.residual_groups[j];
+    if (gid < idx.clusters()) continue;
+    const auto members = idx.members(gid - idx.clusters());
+    const auto unread = std::count_if(members.begin(), members.end(), [&](std::uint32_t p) { return !read[p]; });
+    REQUIRE(unread > 0);
+    if (static_cast<std::size_t>(unread) == members.size()) continue;  // a whole subcluster: its Gaussian, or every member unread
+    ++partial;
+    // The unread members' mass from their 4-bit score estimates (member rows of the subcluster),
+    // which lie within the scan's rounding of the exact scores.
+    const index_t sub = gid - idx.clusters(), first = idx.first_member(sub), size = members.size();
+    std::vector<float> estimate(4 * size);
+    idx.member_keys().scan(idx.member_keys().prepare(q), first, first + size, estimate.data(), nullptr, size);
+    for (index_t h = 0; h < 4; ++h) {
+      std::vector<double> scanned, exact;
+      for (index_t i = 0; i < size; ++i) {
+        if (read[members[i]]) continue;
+        double dot = 0.0;
+        for (index_t t = 0; t < 32; ++t) dot += static_cast<double>(q.row(h)[t]) * view.key_row(members[i])[t];
+        exact.push_back(q.scale * dot);
+        scanned.push_back(estimate[h * size + i]);
+      }
+      REQUIRE(out.residual_log_mass[h * groups + j] == Approx(log_sum_exp(scanned)).margin(1e-4));
+      REQUIRE(out.residual_log_mass[h * groups + j] == Approx(log_sum_exp(exact)).margin(0.5));
+    }
+  }
+  CHECK(partial > 0);
+  // The scan's bytes: at least the refined clusters' members (4 x the budget) at the 4-bit row size.
+  for (index_t c = 0; c < idx.clusters(); ++c)
+    if (std::find(out.residual_groups.begin(), out.residual_groups.end(), c) == out.residual_groups.end())
+      refined_tokens += idx.count(c);
+  REQUIRE(refined_tokens >= 150);
+  REQUIRE(s.summary_bytes >= refined_tokens * idx.member_keys().bytes_per_token());
+}
+
+TEST_CASE("mog token scan: a heavy token inside a cluster is read exactly, where subclusters exceed the budget", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(743);
+  random_kv<float> kv(g, 2000, 32, 16);
+  mog_config cfg;
+  cfg.clusters = 1;            // one cluster of four subclusters of ~500 tokens,
+  cfg.subclusters = 4;         // each larger than the 40-token budget
+  cfg.outlier_fraction = 0.0;  // no exact outliers: only the ranking can find the token
+  const index_t heavy = 1234;
+  std::vector<float> qd(32);
+  for (index_t t = 0; t < 32; ++t) qd[t] = 2.f * kv.keys[heavy * 32 + t];  // the query looks for token 1234's key
+  const auto q = query_group::make(qd.data(), 1, 32);
+  double top = -1e300;  // lift its score 4 above every other token's
+  for (index_t i = 0; i < 2000; ++i) {
+    double dot = 0.0;
+    for (index_t t = 0; t < 32; ++t) dot += static_cast<double>(qd[t]) * kv.keys[i * 32 + t];
+    if (i != heavy) top = std::max(top, q.scale * dot);
+  }
+  double own = 0.0, norm = 0.0;
+  for (index_t t = 0; t < 32; ++t) own += static_cast<double>(qd[t]) * kv.keys[heavy * 32 + t], norm += static_cast<double>(qd[t]) * qd[t];
+  const double lift = std::max(0.0, (top + 4.0 - q.scale * own) / (q.scale * norm));
+  for (index_t t = 0; t < 32; ++t) kv.keys[heavy * 32 + t] += static_cast<float>(lift * qd[t]);
+  const auto view = kv.view();
+  auto reads_heavy = [&](const select::mog_clusters& sel, double* error) {
+    const floe::testing::mog est(sel, {});
+    const auto state = est.build(view);
+    REQUIRE(state.selector_index.outliers().empty());
+    select::mog_clusters::selection out;
+    stats s;
+    sel.select(state.selector_index, view, q, exec::scalar{}, out, s);
+    REQUIRE(out.count() <= 40);
+    const auto got = floe::testing::decode(est, state, view, q, s);
+    *error = floe::testing::worst_head_error(got, floe::testing::dense_reference(view, q), 1, 16);
+    return std::any_of(out.ranges.begin(), out.ranges.end(), [&](const token_range& r) { return r.begin <= heavy && heavy < r.end; });
+  };
+  double with_scan = 0.0, without = 0.0;
+  REQUIRE(reads_heavy(scanning(budget::tokens(40), cfg), &with_scan));
+  REQUIRE_FALSE(reads_heavy(floe::testing::mog_selector(budget::tokens(40), cfg), &without));  // no subcluster fits
+  CHECK(with_scan < 0.15);  // the rest from 4-bit masses and subcluster value means (0.055 seen)
+  REQUIRE(with_scan < without);
+}
+
+TEST_CASE("mog token scan: clusters formed by append use their subclusters, a rebuild scans again", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(744);
+  random_kv<float> kv(g, 3600, 24, 16);
+  floe::testing::make_clustered(kv, g, 10);
+  auto prefix = [&](index_t n) { return kv_view<float>(kv.keys.data(), kv.values.data(), n, 24, 16); };
+  mog_config cfg;
+  cfg.tail_capacity = 64;
+  cfg.rebuild_drift = 1e9;  // only growth re-clusters here
+  cfg.segment_min_tokens = 128;
+  auto sel = scanning(budget::fraction(0.1), cfg);
+  const floe::testing::mog est(sel, {});
+  auto state = est.build(prefix(2400));
+  const index_t built = state.selector_index.clusters();
+  const auto generation = state.selector_index.generation();
+  REQUIRE(state.selector_index.scanned_clusters() == built);
+  const auto qd = floe::testing::random_floats(g, 2 * 24, 1.f);
+  const auto q = query_group::make(qd.data(), 2, 24);
+  for (index_t n = 2500; n <= 3100; n += 100) {
+    est.append(state, prefix(n));
+    REQUIRE(state.selector_index.generation() == generation);
+    REQUIRE(state.selector_index.scanned_clusters() == built);  // the built clusters keep their 4-bit keys
+    select::mog_clusters::selection out;
+    stats s;
+    sel.select(state.selector_index, prefix(n), q, exec::scalar{}, out, s);
+    validate_ranges(out.ranges, n);
+    const auto cover = coverage(state.selector_index, out, state.selector_index.tokens());
+    REQUIRE(std::all_of(cover.begin(), cover.end(), [](int c) { return c == 1; }));
+    const auto got = floe::testing::decode(est, state, prefix(n), q, s);
+    REQUIRE(std::all_of(got.begin(), got.end(), [](float x) { return std::isfinite(x); }));
+  }
+  REQUIRE(state.selector_index.clusters() > built);  // appended tokens formed clusters of their own
+  est.append(state, prefix(3600));                    // 1200 appended >= 0.5 x 2400: re-cluster
+  REQUIRE(state.selector_index.generation() == generation + 1);
+  REQUIRE(state.selector_index.scanned_clusters() == state.selector_index.clusters());
+}
+
+TEST_CASE("mog token scan: keys beyond the 4-bit rows' range are refused naming the keys", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(745);
+  random_kv<float> kv(g, 600, 16, 8);
+  for (float& k : kv.keys) k *= 1e5f;  // finite, and fine for the Gaussian summaries (a lone large key would be an outlier)
+  const std::vector<float> keys = kv.keys, values = kv.values;
+  mog_config cfg;
+  REQUIRE_NOTHROW(mog_index::build(kv.view(), cfg));
+  cfg.token_scan = true;
+  REQUIRE_THROWS_WITH(mog_index::build(kv.view(), cfg), Catch::Contains("keys") && Catch::Contains("60000"));
+  REQUIRE(kv.keys == keys);  // the caller's cache is read, never written
+  REQUIRE(kv.values == values);
+}
