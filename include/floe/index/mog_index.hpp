@@ -92,7 +92,7 @@ struct mog_config {
   // synthetic cache and on some SmolLM2 layers (docs/log/mog.md, "Outliers chosen by a query sample").
   bool query_metric = false;
   double query_metric_ridge = 0.1;  // adds this fraction of the mean eigenvalue to every direction
-  // Keep 4-bit keys of the clustered tokens in cluster order (quantized_keys, about d/2 + 8
+  // Keep 4-bit keys of the clustered tokens in cluster order (quantized_keys, d/2 + d/8
   // bytes per token), so that the selector ranks the members of refined clusters token by
   // token instead of by subcluster Gaussians: a heavy token inside a cluster is read
   // however its subcluster's moments look (docs/methods/mog.md, "Token scan"). Tokens of

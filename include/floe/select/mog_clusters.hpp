@@ -72,7 +72,7 @@ struct mog_clusters {
 
   // Token scan (mog_config::token_scan) with refined clusters holding 4x the budget: the
   // members of twice as many clusters ranked by 4-bit keys measured best on the SmolLM2
-  // dumps (docs/log/mog.md, "Token scan").
+  // dumps (docs/log/mog.md, "Token scan, and what limits MoG at 8K").
   static constexpr double token_scan_refine = 4.0;
   mog_clusters with_token_scan() const {
     mog_clusters s = *this;
