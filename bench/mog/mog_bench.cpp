@@ -107,17 +107,19 @@ void dense_decode(benchmark::State& state) {
 }
 
 // args: n, g, budget (tokens if > 1, else per mille of n)
-mog make_mog(const head_data& h, std::int64_t budget_arg) {
+mog make_mog(const head_data& h, std::int64_t budget_arg, bool token_scan = false) {
   const budget b = budget_arg > 1000 ? budget::tokens(static_cast<index_t>(budget_arg))
                                      : budget::fraction(static_cast<double>(budget_arg) / 1000.0);
-  return mog(select::mog_clusters::with_budget(b, h.n), {});
+  const auto sel = select::mog_clusters::with_budget(b, h.n);
+  return mog(token_scan ? sel.with_token_scan() : sel, {});
 }
 
 const mog::state& mog_state(const head_data& h, const mog& est, bool clustered) {
-  static std::map<std::tuple<const head_data*, index_t, index_t, bool>, std::unique_ptr<mog::state>> cache;
+  static std::map<std::tuple<const head_data*, index_t, index_t, bool, bool>, std::unique_ptr<mog::state>> cache;
   static std::mutex m;
   std::lock_guard lock(m);
-  auto& slot = cache[{&h, est.selector().config.window, est.selector().config.sinks, clustered}];
+  const auto& cfg = est.selector().config;
+  auto& slot = cache[{&h, cfg.window, cfg.sinks, clustered, cfg.token_scan}];
   if (!slot) {
     slot = std::make_unique<mog::state>(est.build(h.view()));
     if (clustered) {  // copy the cache into the clustered order and adopt it
@@ -150,6 +152,18 @@ void mog_decode_clustered_layout(benchmark::State& state) {
   const mog est = make_mog(h, state.range(2));
   const auto& st = mog_state(h, est, true);
   run(state, est, st, h.clustered_view(), h, cold);
+}
+
+// args: n, g, budget, clustered (0/1): mog_config::token_scan (4-bit keys of the clustered
+// tokens, refine 4), in either layout.
+template <bool cold>
+void mog_decode_token_scan(benchmark::State& state) {
+  const auto& h = data(state.range(0), state.range(1));
+  const mog est = make_mog(h, state.range(2), true);
+  const bool clustered = state.range(3) != 0;
+  const auto& st = mog_state(h, est, clustered);
+  run(state, est, st, clustered ? h.clustered_view() : h.view(), h, cold);
+  state.counters["index_bytes_frac"] = static_cast<double>(st.bytes()) / static_cast<double>(h.n * 2 * h.d * sizeof(half));
 }
 
 // args: n, g, clustered (0/1), phase (0 select, 1 attend, 2 residual), budget (as
@@ -236,6 +250,8 @@ BENCHMARK(mog_decode<true>)->Name("mog_decode_cold")->Apply([](auto* b) { shapes
 BENCHMARK(mog_decode_clustered_layout<false>)->Name("mog_decode_clustered_layout")->Apply([](auto* b) { shapes(b, true); })
     ->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(mog_decode_clustered_layout<true>)->Name("mog_decode_clustered_layout_cold")->Apply([](auto* b) { shapes(b, true); })
+    ->Unit(benchmark::kMicrosecond)->Iterations(64);
+BENCHMARK(mog_decode_token_scan<true>)->Name("mog_decode_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {50}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_phase_cold)->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_phase_cold)->ArgsProduct({{8192, 32768, 131072, 524288}, {1, 4}, {1}, {0, 1, 2}, {2048}})

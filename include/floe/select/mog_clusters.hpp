@@ -9,11 +9,14 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <span>
 #include <string_view>
 #include <vector>
+
+#include <xsimd/xsimd.hpp>
 
 #include "floe/core/budget.hpp"
 #include "floe/core/kv_view.hpp"
@@ -377,54 +380,75 @@ struct mog_clusters {
                      const std::vector<char>& refined, index_t left, index_t n, selection& out, stats& st) const {
     const index_t heads = q.heads, clusters = idx.clusters(), scanned = idx.scanned_clusters();
     const quantized_keys& keys = idx.member_keys();
-    const quantized_query prepared = keys.prepare(q);
-    std::vector<std::uint32_t> rows, cand;  // scanned member rows; subclusters of unscanned refined clusters
-    std::vector<float> estimate, range;     // [rows, heads] score estimates; one cluster's [heads, members]
-    index_t scanned_refined = 0;
+    std::vector<std::uint32_t> cand;       // subclusters of refined clusters without 4-bit keys
+    std::vector<token_range> ranges;       // member rows of the refined scanned clusters
+    index_t rows = 0;
     for (index_t c = 0; c < clusters; ++c) {
       if (!refined[c]) continue;
       if (c >= scanned) {
         for (index_t s = idx.first_subcluster(c); s < idx.first_subcluster(c + 1); ++s) cand.push_back(static_cast<std::uint32_t>(s));
         continue;
       }
-      const index_t begin = idx.first_member(idx.first_subcluster(c)), end = idx.first_member(idx.first_subcluster(c + 1));
-      range.resize(heads * (end - begin));
-      keys.scan(prepared, begin, end, range.data(), nullptr, end - begin);
-      for (index_t i = begin; i < end; ++i) {
-        rows.push_back(static_cast<std::uint32_t>(i));
-        for (index_t h = 0; h < heads; ++h) estimate.push_back(range[h * (end - begin) + i - begin]);
-      }
-      ++scanned_refined;
+      ranges.push_back({idx.first_member(idx.first_subcluster(c)), idx.first_member(idx.first_subcluster(c + 1))});
+      rows += ranges.back().size();
     }
-    st.summary_bytes += rows.size() * keys.bytes_per_token() + scanned_refined * 2 * sizeof(std::uint32_t);
+    // Score estimates [heads, rows], scanned straight into place, row j of the k-th range at
+    // (offset of range k) + j.
+    thread_local std::vector<float> estimate;
+    estimate.resize(heads * rows);
+    const quantized_query prepared = keys.prepare(q);
+    index_t at = 0;
+    for (const auto& r : ranges) {
+      keys.scan(prepared, r.begin, r.end, estimate.data() + at, nullptr, rows);
+      at += r.size();
+    }
+    st.summary_bytes += rows * keys.bytes_per_token() + ranges.size() * 2 * sizeof(std::uint32_t);
     scores sub = scorer.rows_of(cand, clusters);
     st.summary_bytes += scorer.bytes(cand.size());
 
-    // One greedy order: item j < rows.size() is a token, the rest subclusters.
-    auto share = [&](auto&& log_mass) {
-      float best = -std::numeric_limits<float>::infinity();
-      for (index_t h = 0; h < heads; ++h) best = std::max(best, log_mass(h) - cl.log_z[static_cast<Eigen::Index>(h)]);
-      return best;
-    };
-    std::vector<std::pair<float, std::uint32_t>> order;
-    order.reserve(rows.size() + cand.size());
-    for (index_t j = 0; j < rows.size(); ++j)
-      order.push_back({share([&](index_t h) { return estimate[j * heads + h]; }), static_cast<std::uint32_t>(j)});
-    for (index_t j = 0; j < cand.size(); ++j)
-      order.push_back({share([&](index_t h) { return sub.pri(static_cast<Eigen::Index>(j), static_cast<Eigen::Index>(h)); }),
-                       static_cast<std::uint32_t>(rows.size() + j)});
-    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-    std::vector<char> chosen(order.size(), 0);
-    std::vector<std::uint32_t> positions, picked;
-    for (const auto& [priority, j] : order) {
-      if (left == 0) break;
-      const index_t size = j < rows.size() ? 1 : idx.count(clusters + cand[j - rows.size()]);
-      if (size > left) continue;
-      chosen[j] = 1;
-      left -= size;
-      if (j < rows.size()) positions.push_back(idx.member_position(rows[j]));
-      else picked.push_back(cand[j - rows.size()]);
+    // One greedy order by largest estimated share of any head: items [0, rows) are tokens,
+    // the rest subclusters.
+    std::vector<float> share(rows + cand.size(), -std::numeric_limits<float>::infinity());
+    for (index_t h = 0; h < heads; ++h) {
+      const float z = cl.log_z[static_cast<Eigen::Index>(h)];
+      const float* e = estimate.data() + h * rows;
+      for (index_t j = 0; j < rows; ++j) share[j] = std::max(share[j], e[j] - z);
+      for (index_t j = 0; j < cand.size(); ++j)
+        share[rows + j] = std::max(share[rows + j], sub.pri(static_cast<Eigen::Index>(j), static_cast<Eigen::Index>(h)) - z);
     }
+    std::vector<char> chosen(share.size(), 0);
+    std::vector<std::uint32_t> picked;
+    if (cand.empty()) {  // tokens only, one each: the `left` largest shares (ties: lower rows), no sort
+      const index_t k = std::min(rows, left);
+      if (k > 0) {
+        std::vector<float> copy(share);
+        std::nth_element(copy.begin(), copy.begin() + static_cast<std::ptrdiff_t>(k - 1), copy.end(), std::greater<float>());
+        const float kth = copy[k - 1];
+        index_t taken = 0;
+        for (index_t j = 0; j < rows; ++j)
+          if (share[j] > kth) chosen[j] = 1, ++taken;
+        for (index_t j = 0; j < rows && taken < k; ++j)
+          if (share[j] == kth) chosen[j] = 1, ++taken;
+      }
+    } else {  // only the best `left + cand` items can be taken (each costs a token; only subclusters are skipped)
+      std::vector<std::uint32_t> order(share.size());
+      std::iota(order.begin(), order.end(), 0u);
+      const auto better = [&](std::uint32_t a, std::uint32_t b) { return share[a] > share[b] || (share[a] == share[b] && a < b); };
+      const auto top = order.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(order.size(), left + cand.size()));
+      std::nth_element(order.begin(), top, order.end(), better);
+      std::sort(order.begin(), top, better);
+      for (auto it = order.begin(); it != top && left > 0; ++it) {
+        const index_t j = *it, size = j < rows ? 1 : idx.count(clusters + cand[j - rows]);
+        if (size > left) continue;
+        chosen[j] = 1;
+        left -= size;
+        if (j >= rows) picked.push_back(cand[j - rows]);
+      }
+    }
+    std::vector<std::uint32_t> positions;
+    for (index_t j = 0; const auto& r : ranges)
+      for (index_t row = r.begin; row < r.end; ++row, ++j)
+        if (chosen[j]) positions.push_back(idx.member_position(row));
     index_t picked_members = 0;
     for (auto s : picked) picked_members += idx.count(clusters + s);
     st.summary_bytes += (idx.outliers().size() + positions.size() + picked_members) * sizeof(std::uint32_t) +
@@ -441,29 +465,52 @@ struct mog_clusters {
         for (index_t h = 0; h < heads; ++h) masses.push_back(cl.log_mass(c, h));
       }
     for (index_t j = 0; j < cand.size(); ++j)
-      if (!chosen[rows.size() + j]) {
+      if (!chosen[rows + j]) {
         out.residual_groups.push_back(static_cast<std::uint32_t>(clusters + cand[j]));
         for (index_t h = 0; h < heads; ++h) masses.push_back(sub.log_mass(j, h));
       }
-    std::vector<double> unread(heads);
-    for (index_t j = 0, s = 0; j < rows.size();) {  // rows run subcluster by subcluster
-      while (idx.first_member(s + 1) <= rows[j]) ++s;
-      const index_t end = idx.first_member(s + 1);
-      std::fill(unread.begin(), unread.end(), -std::numeric_limits<double>::infinity());
-      bool any = false;
-      for (; j < rows.size() && rows[j] < end; ++j)
-        if (!chosen[j]) {
-          any = true;
-          for (index_t h = 0; h < heads; ++h) unread[h] = detail::log_add(unread[h], estimate[j * heads + h]);
+    for (index_t h = 0; h < heads; ++h)  // read tokens leave the sums
+      for (index_t j = 0; j < rows; ++j)
+        if (chosen[j]) estimate[h * rows + j] = -std::numeric_limits<float>::infinity();
+    index_t j = 0;
+    for (const auto& r : ranges)  // subclusters of a scanned cluster are consecutive member rows
+      for (index_t s = subcluster_of(idx, r.begin); j < rows && s < idx.subclusters() && idx.first_member(s) < r.end; ++s) {
+        const index_t size = idx.first_member(s + 1) - idx.first_member(s);
+        if (std::find(chosen.begin() + static_cast<std::ptrdiff_t>(j), chosen.begin() + static_cast<std::ptrdiff_t>(j + size), 0) !=
+            chosen.begin() + static_cast<std::ptrdiff_t>(j + size)) {
+          out.residual_groups.push_back(static_cast<std::uint32_t>(clusters + s));
+          for (index_t h = 0; h < heads; ++h) masses.push_back(log_sum_exp(estimate.data() + h * rows + j, size));
         }
-      if (!any) continue;
-      out.residual_groups.push_back(static_cast<std::uint32_t>(clusters + s));
-      for (index_t h = 0; h < heads; ++h) masses.push_back(static_cast<float>(unread[h]));
-    }
+        j += size;
+      }
     const index_t g = out.residual_groups.size();
     out.residual_log_mass.resize(heads * g);
     for (index_t r = 0; r < g; ++r)
       for (index_t h = 0; h < heads; ++h) out.residual_log_mass[h * g + r] = masses[r * heads + h];
+  }
+
+  // The subcluster whose member rows start at `row` (the first of a cluster's).
+  static index_t subcluster_of(const mog_index& idx, index_t row) {
+    index_t lo = 0, hi = idx.subclusters();
+    while (lo < hi) {  // first s with first_member(s) >= row
+      const index_t mid = (lo + hi) / 2;
+      if (idx.first_member(mid) < row) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+  // log sum_i exp(x_i), in vector lanes; -inf entries (read tokens) add nothing.
+  static float log_sum_exp(const float* x, index_t n) {
+    float top = -std::numeric_limits<float>::infinity();
+    for (index_t i = 0; i < n; ++i) top = std::max(top, x[i]);
+    using lanes = xsimd::batch<float>;
+    constexpr index_t L = lanes::size;
+    lanes sum(0.f);
+    index_t i = 0;
+    for (; i + L <= n; i += L) sum += xsimd::exp(lanes::load_unaligned(x + i) - lanes(top));
+    float total = xsimd::hadd(sum);
+    for (; i < n; ++i) total += std::exp(x[i] - top);
+    return top + std::log(total);
   }
 
   static double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
