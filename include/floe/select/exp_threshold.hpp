@@ -23,6 +23,7 @@
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
+#include "floe/core/vector_exp.hpp"
 #include "floe/core/stats.hpp"
 #include "floe/index/quantized_keys.hpp"
 #include "floe/index/widen.hpp"
@@ -173,7 +174,7 @@ struct exp_threshold {
     idx.keys.scan(idx.keys.prepare(q), 0, m, center, radius, m, scan_kernel::automatic, top.data());
     io.summary_bytes += static_cast<std::uint64_t>(m) * idx.keys.bytes_per_token();
     std::vector<double> c(g);
-    for (index_t h = 0; h < g; ++h) c[h] = top[h] + std::log(sum_exp(center + h * m, m, top[h]));
+    for (index_t h = 0; h < g; ++h) c[h] = top[h] + std::log(detail::sum_exp(center + h * m, m, top[h]));
     // Per token: U_i = max_h (estimate + radius - c_h) >= u_i, and the log-weight the
     // sample is drawn with: the exact u_i (read later) or the estimate's.
     float* by_estimate = exact_weights ? nullptr : ranking::scratch<sampling_tag>(m);
@@ -558,17 +559,6 @@ struct exp_threshold {
     for (; i < count; ++i) x[i] = std::exp(x[i]);
   }
 
-  // sum_i exp(x_i - top), vectorised.
-  static double sum_exp(const float* x, index_t count, float top) {
-    using lanes = xsimd::batch<float>;
-    constexpr index_t L = lanes::size;
-    lanes acc(0.f);
-    index_t i = 0;
-    for (; i + L <= count; i += L) acc += xsimd::exp(lanes::load_unaligned(x + i) - lanes(top));
-    double sum = xsimd::hadd(acc);
-    for (; i < count; ++i) sum += std::exp(double(x[i]) - top);
-    return sum;
-  }
 
   // With radii: upper[i] = max_h (center + radius - c_h); else estimate[i] = max_h (center - c_h).
   static void shared_log_weights(const float* center, const float* radius, const std::vector<double>& c, index_t g,

@@ -16,13 +16,12 @@
 #include <string_view>
 #include <vector>
 
-#include <xsimd/xsimd.hpp>
-
 #include "floe/core/budget.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
 #include "floe/core/stats.hpp"
+#include "floe/core/vector_exp.hpp"
 #include "floe/index/mog_index.hpp"
 
 namespace floe::select {
@@ -499,18 +498,11 @@ struct mog_clusters {
     }
     return lo;
   }
-  // log sum_i exp(x_i), in vector lanes; -inf entries (read tokens) add nothing.
+  // log sum_i exp(x_i); -inf entries (read tokens) add nothing, and one entry is finite.
   static float log_sum_exp(const float* x, index_t n) {
     float top = -std::numeric_limits<float>::infinity();
     for (index_t i = 0; i < n; ++i) top = std::max(top, x[i]);
-    using lanes = xsimd::batch<float>;
-    constexpr index_t L = lanes::size;
-    lanes sum(0.f);
-    index_t i = 0;
-    for (; i + L <= n; i += L) sum += xsimd::exp(lanes::load_unaligned(x + i) - lanes(top));
-    float total = xsimd::hadd(sum);
-    for (; i < n; ++i) total += std::exp(x[i] - top);
-    return top + std::log(total);
+    return top + static_cast<float>(std::log(detail::sum_exp(x, n, top)));
   }
 
   static double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
