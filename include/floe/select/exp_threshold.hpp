@@ -174,7 +174,7 @@ struct exp_threshold {
     idx.keys.scan(idx.keys.prepare(q), 0, m, center, radius, m, scan_kernel::automatic, top.data());
     io.summary_bytes += static_cast<std::uint64_t>(m) * idx.keys.bytes_per_token();
     std::vector<double> c(g);
-    for (index_t h = 0; h < g; ++h) c[h] = top[h] + std::log(detail::sum_exp(center + h * m, m, top[h]));
+    for (index_t h = 0; h < g; ++h) c[h] = top[h] + std::log(floe::detail::sum_exp(center + h * m, m, top[h]));
     // Per token: U_i = max_h (estimate + radius - c_h) >= u_i, and the log-weight the
     // sample is drawn with: the exact u_i (read later) or the estimate's.
     float* by_estimate = exact_weights ? nullptr : ranking::scratch<sampling_tag>(m);

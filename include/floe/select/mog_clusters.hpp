@@ -502,7 +502,7 @@ struct mog_clusters {
   static float log_sum_exp(const float* x, index_t n) {
     float top = -std::numeric_limits<float>::infinity();
     for (index_t i = 0; i < n; ++i) top = std::max(top, x[i]);
-    return top + static_cast<float>(std::log(detail::sum_exp(x, n, top)));
+    return top + static_cast<float>(std::log(floe::detail::sum_exp(x, n, top)));
   }
 
   static double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
