@@ -170,10 +170,12 @@ void mog_decode_token_scan(benchmark::State& state) {
 // mog_decode's). The three parts of one cold step timed apart: each starts cold, the other
 // parts' results come from a step outside the timing, so they add up to about one
 // mog_decode_cold step. With a fixed token budget the exact part stays put as N grows and
-// selection plus residual show the summaries' growth (sqrt(N) log N).
+// selection plus residual show the summaries' growth (sqrt(N) log N). token_scan: the same
+// with mog_config::token_scan (mog_phase_token_scan_cold).
+template <bool token_scan>
 void mog_phase_cold(benchmark::State& state) {
   const auto& h = data(state.range(0), state.range(1));
-  const mog est = make_mog(h, state.range(4));
+  const mog est = make_mog(h, state.range(4), token_scan);
   const bool clustered = state.range(2) != 0;
   const auto& st = mog_state(h, est, clustered);
   const kv_view<half> kv = clustered ? h.clustered_view() : h.view();
@@ -253,8 +255,11 @@ BENCHMARK(mog_decode_clustered_layout<true>)->Name("mog_decode_clustered_layout_
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_decode_token_scan<true>)->Name("mog_decode_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {50}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
-BENCHMARK(mog_phase_cold)->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})->Unit(benchmark::kMicrosecond)->Iterations(64);
-BENCHMARK(mog_phase_cold)->ArgsProduct({{8192, 32768, 131072, 524288}, {1, 4}, {1}, {0, 1, 2}, {2048}})
+BENCHMARK(mog_phase_cold<false>)->Name("mog_phase_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
+    ->Unit(benchmark::kMicrosecond)->Iterations(64);
+BENCHMARK(mog_phase_cold<true>)->Name("mog_phase_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
+    ->Unit(benchmark::kMicrosecond)->Iterations(64);
+BENCHMARK(mog_phase_cold<false>)->Name("mog_phase_cold")->ArgsProduct({{8192, 32768, 131072, 524288}, {1, 4}, {1}, {0, 1, 2}, {2048}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_build)->Args({131072, 1})->Args({131072, 2})->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(mog_append)->Args({32768, 4096})->Args({131072, 16384})->Unit(benchmark::kMillisecond)->Iterations(1);

@@ -53,6 +53,7 @@ TEST_CASE("mog token scan: full budget equals dense, and the index holds 4-bit k
     const auto qd = floe::testing::random_floats(g, 3 * 32, 2.f);
     const auto q = query_group::make(qd.data(), 3, 32);
     const floe::testing::mog est(scanning(budget::fraction(1.0)), {});
+    const index_t tokens = n;  // clang 14 captures no structured bindings
     auto run = [&](const auto& view) {
       const auto state = est.build(view);
       const mog_index& idx = state.selector_index;
@@ -63,7 +64,7 @@ TEST_CASE("mog token scan: full budget equals dense, and the index holds 4-bit k
       stats s;
       const auto out = floe::testing::decode(est, state, view, q, s);
       REQUIRE(floe::testing::worst_head_error(out, floe::testing::dense_reference(view, q), 3, 24) <= 1e-6);
-      REQUIRE(s.tokens_read == n);
+      REQUIRE(s.tokens_read == tokens);
     };
     if (kv.paged()) run(kv.paged_view());
     else run(kv.view());

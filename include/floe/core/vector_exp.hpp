@@ -1,5 +1,5 @@
-// Sums of exponentials in vector lanes, shared by the selectors that turn score estimates
-// into masses (exp_threshold, mog_clusters' token scan).
+// Sums of exponentials in vector lanes, for selectors that turn score estimates into
+// masses (exp_threshold).
 #pragma once
 
 #include <cmath>

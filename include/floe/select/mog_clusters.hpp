@@ -16,13 +16,15 @@
 #include <string_view>
 #include <vector>
 
+#include <xsimd/xsimd.hpp>
+
 #include "floe/core/budget.hpp"
 #include "floe/core/kv_view.hpp"
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
 #include "floe/core/stats.hpp"
-#include "floe/core/vector_exp.hpp"
 #include "floe/index/mog_index.hpp"
+#include "floe/select/scorers/middle_ranking.hpp"
 
 namespace floe::select {
 
@@ -380,7 +382,7 @@ struct mog_clusters {
     const index_t heads = q.heads, clusters = idx.clusters(), scanned = idx.scanned_clusters();
     const quantized_keys& keys = idx.member_keys();
     std::vector<std::uint32_t> cand;       // subclusters of refined clusters without 4-bit keys
-    std::vector<token_range> ranges;       // member rows of the refined scanned clusters
+    std::vector<std::uint32_t> scanned_of;  // the refined scanned clusters, in member-row order
     index_t rows = 0;
     for (index_t c = 0; c < clusters; ++c) {
       if (!refined[c]) continue;
@@ -388,20 +390,23 @@ struct mog_clusters {
         for (index_t s = idx.first_subcluster(c); s < idx.first_subcluster(c + 1); ++s) cand.push_back(static_cast<std::uint32_t>(s));
         continue;
       }
-      ranges.push_back({idx.first_member(idx.first_subcluster(c)), idx.first_member(idx.first_subcluster(c + 1))});
-      rows += ranges.back().size();
+      scanned_of.push_back(static_cast<std::uint32_t>(c));
+      rows += member_rows(idx, c).size();
     }
-    // Score estimates [heads, rows], scanned straight into place, row j of the k-th range at
-    // (offset of range k) + j.
+    // Score estimates [heads, rows], scanned straight into place: the k-th scanned cluster's
+    // member rows one after another.
     thread_local std::vector<float> estimate;
     estimate.resize(heads * rows);
     const quantized_query prepared = keys.prepare(q);
+    std::vector<float> top(heads, -std::numeric_limits<float>::infinity()), part(heads);  // per head: max estimate
     index_t at = 0;
-    for (const auto& r : ranges) {
-      keys.scan(prepared, r.begin, r.end, estimate.data() + at, nullptr, rows);
+    for (auto c : scanned_of) {
+      const token_range r = member_rows(idx, c);
+      keys.scan(prepared, r.begin, r.end, estimate.data() + at, nullptr, rows, scan_kernel::automatic, part.data());
+      for (index_t h = 0; h < heads; ++h) top[h] = std::max(top[h], part[h]);
       at += r.size();
     }
-    st.summary_bytes += rows * keys.bytes_per_token() + ranges.size() * 2 * sizeof(std::uint32_t);
+    st.summary_bytes += rows * keys.bytes_per_token() + scanned_of.size() * 2 * sizeof(std::uint32_t);
     scores sub = scorer.rows_of(cand, clusters);
     st.summary_bytes += scorer.bytes(cand.size());
 
@@ -417,18 +422,8 @@ struct mog_clusters {
     }
     std::vector<char> chosen(share.size(), 0);
     std::vector<std::uint32_t> picked;
-    if (cand.empty()) {  // tokens only, one each: the `left` largest shares (ties: lower rows), no sort
-      const index_t k = std::min(rows, left);
-      if (k > 0) {
-        std::vector<float> copy(share);
-        std::nth_element(copy.begin(), copy.begin() + static_cast<std::ptrdiff_t>(k - 1), copy.end(), std::greater<float>());
-        const float kth = copy[k - 1];
-        index_t taken = 0;
-        for (index_t j = 0; j < rows; ++j)
-          if (share[j] > kth) chosen[j] = 1, ++taken;
-        for (index_t j = 0; j < rows && taken < k; ++j)
-          if (share[j] == kth) chosen[j] = 1, ++taken;
-      }
+    if (cand.empty()) {  // tokens only, one each: the `left` largest shares (ties: lower rows), by radix selection
+      for (index_t j : ranking::top_k(share.data(), rows, std::min(rows, left))) chosen[j] = 1;
     } else {  // only the best `left + cand` items can be taken (each costs a token; only subclusters are skipped)
       std::vector<std::uint32_t> order(share.size());
       std::iota(order.begin(), order.end(), 0u);
@@ -444,10 +439,17 @@ struct mog_clusters {
         if (j >= rows) picked.push_back(cand[j - rows]);
       }
     }
-    std::vector<std::uint32_t> positions;
-    for (index_t j = 0; const auto& r : ranges)
-      for (index_t row = r.begin; row < r.end; ++row, ++j)
-        if (chosen[j]) positions.push_back(idx.member_position(row));
+    // Positions of the chosen rows, branch-free: every row is written, the fill point moves on a chosen one.
+    std::vector<std::uint32_t> positions(rows + 1);
+    index_t filled = 0;
+    for (index_t j = 0; auto c : scanned_of) {
+      const token_range r = member_rows(idx, c);
+      for (index_t row = r.begin; row < r.end; ++row, ++j) {
+        positions[filled] = idx.member_position(row);
+        filled += chosen[j] != 0;
+      }
+    }
+    positions.resize(filled);
     index_t picked_members = 0;
     for (auto s : picked) picked_members += idx.count(clusters + s);
     st.summary_bytes += (idx.outliers().size() + positions.size() + picked_members) * sizeof(std::uint32_t) +
@@ -468,41 +470,66 @@ struct mog_clusters {
         out.residual_groups.push_back(static_cast<std::uint32_t>(clusters + cand[j]));
         for (index_t h = 0; h < heads; ++h) masses.push_back(sub.log_mass(j, h));
       }
-    for (index_t h = 0; h < heads; ++h)  // read tokens leave the sums
-      for (index_t j = 0; j < rows; ++j)
-        if (chosen[j]) estimate[h * rows + j] = -std::numeric_limits<float>::infinity();
-    index_t j = 0;
-    for (const auto& r : ranges)  // subclusters of a scanned cluster are consecutive member rows
-      for (index_t s = subcluster_of(idx, r.begin); j < rows && s < idx.subclusters() && idx.first_member(s) < r.end; ++s) {
-        const index_t size = idx.first_member(s + 1) - idx.first_member(s);
-        if (std::find(chosen.begin() + static_cast<std::ptrdiff_t>(j), chosen.begin() + static_cast<std::ptrdiff_t>(j + size), 0) !=
-            chosen.begin() + static_cast<std::ptrdiff_t>(j + size)) {
-          out.residual_groups.push_back(static_cast<std::uint32_t>(clusters + s));
-          for (index_t h = 0; h < heads; ++h) masses.push_back(log_sum_exp(estimate.data() + h * rows + j, size));
-        }
-        j += size;
-      }
+    unread_masses(idx, scanned_of, chosen, top, rows, estimate, out.residual_groups, masses);
     const index_t g = out.residual_groups.size();
     out.residual_log_mass.resize(heads * g);
     for (index_t r = 0; r < g; ++r)
       for (index_t h = 0; h < heads; ++h) out.residual_log_mass[h * g + r] = masses[r * heads + h];
   }
 
-  // The subcluster whose member rows start at `row` (the first of a cluster's).
-  static index_t subcluster_of(const mog_index& idx, index_t row) {
-    index_t lo = 0, hi = idx.subclusters();
-    while (lo < hi) {  // first s with first_member(s) >= row
-      const index_t mid = (lo + hi) / 2;
-      if (idx.first_member(mid) < row) lo = mid + 1;
-      else hi = mid;
-    }
-    return lo;
+  // Member rows of cluster c: its subclusters' rows, consecutive.
+  static token_range member_rows(const mog_index& idx, index_t c) {
+    return {idx.first_member(idx.first_subcluster(c)), idx.first_member(idx.first_subcluster(c + 1))};
   }
-  // log sum_i exp(x_i); -inf entries (read tokens) add nothing, and one entry is finite.
-  static float log_sum_exp(const float* x, index_t n) {
+
+  // Every scanned subcluster with an unread member becomes a residual group of log-mass
+  // log sum exp(estimate) over its unread members, per head: exp(e - top[h]) (top: the
+  // head's largest estimate) in one vector pass, then sums per subcluster; one whose sum
+  // falls below 1e-30 (underflow) is summed again against its own maximum.
+  static void unread_masses(const mog_index& idx, const std::vector<std::uint32_t>& scanned_of,
+                            const std::vector<char>& chosen, const std::vector<float>& top, index_t rows,
+                            const std::vector<float>& estimate, std::vector<std::uint32_t>& groups,
+                            std::vector<float>& masses) {
+    using lanes = xsimd::batch<float>;
+    constexpr index_t L = lanes::size;
+    const index_t heads = top.size();
+    thread_local std::vector<float> weight;  // exp(e - top[h]), [heads, rows]
+    weight.resize(heads * rows);
+    for (index_t h = 0; h < heads; ++h) {
+      const float* e = estimate.data() + h * rows;
+      float* w = weight.data() + h * rows;
+      const lanes t(top[h]);
+      index_t j = 0;
+      for (; j + L <= rows; j += L) xsimd::exp(lanes::load_unaligned(e + j) - t).store_unaligned(w + j);
+      for (; j < rows; ++j) w[j] = std::exp(e[j] - top[h]);
+    }
+    index_t j = 0;
+    for (auto c : scanned_of)
+      for (index_t s = idx.first_subcluster(c); s < idx.first_subcluster(c + 1); ++s) {
+        const index_t size = idx.first_member(s + 1) - idx.first_member(s);
+        const char* read = chosen.data() + j;
+        if (std::find(read, read + size, 0) != read + size) {
+          groups.push_back(static_cast<std::uint32_t>(idx.clusters() + s));
+          for (index_t h = 0; h < heads; ++h) {
+            const float* w = weight.data() + h * rows + j;
+            float sum = 0.f;
+            for (index_t i = 0; i < size; ++i) sum += read[i] ? 0.f : w[i];
+            masses.push_back(sum >= 1e-30f ? top[h] + std::log(sum) : unread_log_sum_exp(estimate.data() + h * rows + j, read, size));
+          }
+        }
+        j += size;
+      }
+  }
+
+  // log sum exp(x_i) over the i with read[i] == 0 (one at least), against their maximum.
+  static float unread_log_sum_exp(const float* x, const char* read, index_t n) {
     float top = -std::numeric_limits<float>::infinity();
-    for (index_t i = 0; i < n; ++i) top = std::max(top, x[i]);
-    return top + static_cast<float>(std::log(floe::detail::sum_exp(x, n, top)));
+    for (index_t i = 0; i < n; ++i)
+      if (!read[i]) top = std::max(top, x[i]);
+    double sum = 0.0;
+    for (index_t i = 0; i < n; ++i)
+      if (!read[i]) sum += std::exp(static_cast<double>(x[i]) - top);
+    return top + static_cast<float>(std::log(sum));
   }
 
   static double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
