@@ -493,15 +493,18 @@ struct mog_clusters {
     using lanes = xsimd::batch<float>;
     constexpr index_t L = lanes::size;
     const index_t heads = top.size();
-    thread_local std::vector<float> weight;  // exp(e - top[h]), [heads, rows]
+    thread_local std::vector<float> keep, weight;  // keep: 0 for a read row, else 1; weight: keep * exp(e - top[h]), [heads, rows]
+    keep.resize(rows);
+    for (index_t j = 0; j < rows; ++j) keep[j] = chosen[j] ? 0.f : 1.f;
     weight.resize(heads * rows);
     for (index_t h = 0; h < heads; ++h) {
       const float* e = estimate.data() + h * rows;
       float* w = weight.data() + h * rows;
       const lanes t(top[h]);
       index_t j = 0;
-      for (; j + L <= rows; j += L) xsimd::exp(lanes::load_unaligned(e + j) - t).store_unaligned(w + j);
-      for (; j < rows; ++j) w[j] = std::exp(e[j] - top[h]);
+      for (; j + L <= rows; j += L)
+        (xsimd::exp(lanes::load_unaligned(e + j) - t) * lanes::load_unaligned(keep.data() + j)).store_unaligned(w + j);
+      for (; j < rows; ++j) w[j] = keep[j] * std::exp(e[j] - top[h]);
     }
     index_t j = 0;
     for (auto c : scanned_of)
@@ -511,14 +514,22 @@ struct mog_clusters {
         if (std::find(read, read + size, 0) != read + size) {
           groups.push_back(static_cast<std::uint32_t>(idx.clusters() + s));
           for (index_t h = 0; h < heads; ++h) {
-            const float* w = weight.data() + h * rows + j;
-            float sum = 0.f;
-            for (index_t i = 0; i < size; ++i) sum += read[i] ? 0.f : w[i];
+            const float sum = sum_of(weight.data() + h * rows + j, size);
             masses.push_back(sum >= 1e-30f ? top[h] + std::log(sum) : unread_log_sum_exp(estimate.data() + h * rows + j, read, size));
           }
         }
         j += size;
       }
+  }
+
+  // Four running sums, not one: a single chain of dependent adds bounds the loop by add latency.
+  static float sum_of(const float* x, index_t n) {
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+    index_t i = 0;
+    for (; i + 4 <= n; i += 4)
+      for (index_t k = 0; k < 4; ++k) a[k] += x[i + k];
+    for (; i < n; ++i) a[0] += x[i];
+    return (a[0] + a[1]) + (a[2] + a[3]);
   }
 
   // log sum exp(x_i) over the i with read[i] == 0 (one at least), against their maximum.
