@@ -78,7 +78,7 @@ budgets and selector
   --maximin              GQA heads take turns instead of ranking by any head's share
   --per-token            rank groups by estimated mass per token, not by mass (rank_per_token)
   --token-scan           rank the members of refined clusters one by one by 4-bit keys kept in the
-                         index (mog_config::token_scan; the scan's bytes are in bytes_read); refine 4
+                         index (mog_config::token_scan; the scan's bytes are in bytes_read); refine 8
                          unless --refine is given
 index
   --clusters C           clusters (default round(sqrt(n)))

@@ -155,7 +155,7 @@ void mog_decode_clustered_layout(benchmark::State& state) {
 }
 
 // args: n, g, budget, clustered (0/1): mog_config::token_scan (4-bit keys of the clustered
-// tokens, refine 4), in either layout.
+// tokens, refine 8), in either layout.
 template <bool cold>
 void mog_decode_token_scan(benchmark::State& state) {
   const auto& h = data(state.range(0), state.range(1));
