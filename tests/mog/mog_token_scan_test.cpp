@@ -225,3 +225,49 @@ TEST_CASE("mog token scan: keys beyond the 4-bit rows' range are refused naming 
   REQUIRE(kv.keys == keys);  // the caller's cache is read, never written
   REQUIRE(kv.values == values);
 }
+
+TEST_CASE("mog token scan: a scanned subcluster far below the head's best keeps its mass, not zero", "[mog]") {
+  // Two heads of a group look opposite ways along one axis, so each refines clusters that
+  // the other scores ~100 lower: their unread members underflow against that head's maximum
+  // and are summed again against their own.
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(746);
+  random_kv<float> kv(g, 3000, 32, 16);
+  floe::testing::make_clustered(kv, g, 20);
+  for (index_t i = 0; i < kv.n; ++i) kv.keys[i * kv.key_stride] += kv.keys[i * kv.key_stride] >= 0.f ? 16.f : -16.f;
+  const auto view = kv.view();
+  const auto sel = scanning(budget::fraction(0.05));
+  const mog_index idx = sel.build(view);
+  auto qd = floe::testing::random_floats(g, 2 * 32, 0.3f);
+  qd[0] += 20.f, qd[32] -= 20.f;
+  const auto q = query_group::make(qd.data(), 2, 32);
+  select::mog_clusters::selection out;
+  stats s;
+  sel.select(idx, view, q, exec::scalar{}, out, s);
+  std::vector<char> read(view.n(), 0);
+  for (const auto& r : out.ranges)
+    for (index_t i = r.begin; i < r.end; ++i) read[i] = 1;
+  const index_t groups = out.residual_groups.size();
+  double lowest[2] = {1e30, 1e30}, highest[2] = {-1e30, -1e30};
+  for (index_t j = 0; j < groups; ++j) {
+    const auto gid = out.residual_groups[j];
+    if (gid < idx.clusters()) continue;
+    const index_t sub = gid - idx.clusters(), first = idx.first_member(sub);
+    const auto members = idx.members(sub);
+    const index_t size = members.size();
+    std::vector<float> estimate(2 * size);
+    idx.member_keys().scan(idx.member_keys().prepare(q), first, first + size, estimate.data(), nullptr, size);
+    for (index_t h = 0; h < 2; ++h) {
+      std::vector<double> scanned;
+      for (index_t i = 0; i < size; ++i)
+        if (!read[members[i]]) scanned.push_back(estimate[h * size + i]);
+      const double expected = log_sum_exp(scanned), got = out.residual_log_mass[h * groups + j];
+      REQUIRE(std::isfinite(got));
+      REQUIRE(got == Approx(expected).margin(1e-4).epsilon(1e-6));
+      lowest[h] = std::min(lowest[h], got), highest[h] = std::max(highest[h], got);
+    }
+  }
+  // Some group of each head lies > 80 below another (e^-80 < 1e-30 even against 3000 members): the fallback ran.
+  REQUIRE(highest[0] - lowest[0] > 80.0);
+  REQUIRE(highest[1] - lowest[1] > 80.0);
+}
