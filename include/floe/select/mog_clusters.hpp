@@ -422,8 +422,10 @@ struct mog_clusters {
     }
     std::vector<char> chosen(share.size(), 0);
     std::vector<std::uint32_t> picked;
+    std::vector<index_t> tokens;  // the chosen token items, ascending
     if (cand.empty()) {  // tokens only, one each: the `left` largest shares (ties: lower rows), by radix selection
-      for (index_t j : ranking::top_k(share.data(), rows, std::min(rows, left))) chosen[j] = 1;
+      tokens = ranking::top_k(share.data(), rows, std::min(rows, left));
+      for (index_t j : tokens) chosen[j] = 1;
     } else {  // only the best `left + cand` items can be taken (each costs a token; only subclusters are skipped)
       std::vector<std::uint32_t> order(share.size());
       std::iota(order.begin(), order.end(), 0u);
@@ -438,18 +440,16 @@ struct mog_clusters {
         left -= size;
         if (j >= rows) picked.push_back(cand[j - rows]);
       }
+      for (index_t j = 0; j < rows; ++j)
+        if (chosen[j]) tokens.push_back(j);
     }
-    // Positions of the chosen rows, branch-free: every row is written, the fill point moves on a chosen one.
-    std::vector<std::uint32_t> positions(rows + 1);
-    index_t filled = 0;
-    for (index_t j = 0; auto c : scanned_of) {
-      const token_range r = member_rows(idx, c);
-      for (index_t row = r.begin; row < r.end; ++row, ++j) {
-        positions[filled] = idx.member_position(row);
-        filled += chosen[j] != 0;
-      }
+    // Positions of the chosen rows: item j is row j - first of the scanned cluster whose rows cover it.
+    std::vector<std::uint32_t> positions(tokens.size());
+    token_range r = tokens.empty() ? token_range{0, 0} : member_rows(idx, scanned_of[0]);
+    for (index_t k = 0, first = 0, c = 0; k < tokens.size(); ++k) {
+      while (tokens[k] >= first + r.size()) first += r.size(), r = member_rows(idx, scanned_of[++c]);
+      positions[k] = idx.member_position(r.begin + (tokens[k] - first));
     }
-    positions.resize(filled);
     index_t picked_members = 0;
     for (auto s : picked) picked_members += idx.count(clusters + s);
     st.summary_bytes += (idx.outliers().size() + positions.size() + picked_members) * sizeof(std::uint32_t) +
