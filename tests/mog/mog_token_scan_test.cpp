@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "mog/mog_support.hpp"
 
@@ -33,6 +35,21 @@ std::vector<int> coverage(const mog_index& idx, const select::mog_clusters::sele
         else REQUIRE(!cluster);  // a read member of a residual subcluster is left to the exact part
   }
   return cover;
+}
+
+// Subcluster sub's members that `read` does not mark, with their 4-bit score estimates, per
+// head: [heads] of (position, estimate).
+std::vector<std::vector<std::pair<std::uint32_t, double>>> unread_estimates(const mog_index& idx, const query_group& q,
+                                                                            const std::vector<char>& read, index_t sub) {
+  const auto members = idx.members(sub);
+  const index_t first = idx.first_member(sub), size = members.size();
+  std::vector<float> estimate(q.heads * size);
+  idx.member_keys().scan(idx.member_keys().prepare(q), first, first + size, estimate.data(), nullptr, size);
+  std::vector<std::vector<std::pair<std::uint32_t, double>>> out(q.heads);
+  for (index_t h = 0; h < q.heads; ++h)
+    for (index_t i = 0; i < size; ++i)
+      if (!read[members[i]]) out[h].push_back({members[i], estimate[h * size + i]});
+  return out;
 }
 
 double log_sum_exp(const std::vector<double>& x) {
@@ -108,17 +125,14 @@ TEST_CASE("mog token scan: every token is read or estimated once, and unread mem
     ++partial;
     // The unread members' mass from their 4-bit score estimates (member rows of the subcluster),
     // which lie within the scan's rounding of the exact scores.
-    const index_t sub = gid - idx.clusters(), first = idx.first_member(sub), size = members.size();
-    std::vector<float> estimate(4 * size);
-    idx.member_keys().scan(idx.member_keys().prepare(q), first, first + size, estimate.data(), nullptr, size);
+    const auto unread_of = unread_estimates(idx, q, read, gid - idx.clusters());
     for (index_t h = 0; h < 4; ++h) {
       std::vector<double> scanned, exact;
-      for (index_t i = 0; i < size; ++i) {
-        if (read[members[i]]) continue;
+      for (auto [p, e] : unread_of[h]) {
         double dot = 0.0;
-        for (index_t t = 0; t < 32; ++t) dot += static_cast<double>(q.row(h)[t]) * view.key_row(members[i])[t];
+        for (index_t t = 0; t < 32; ++t) dot += static_cast<double>(q.row(h)[t]) * view.key_row(p)[t];
         exact.push_back(q.scale * dot);
-        scanned.push_back(estimate[h * size + i]);
+        scanned.push_back(e);
       }
       REQUIRE(out.residual_log_mass[h * groups + j] == Approx(log_sum_exp(scanned)).margin(1e-4));
       REQUIRE(out.residual_log_mass[h * groups + j] == Approx(log_sum_exp(exact)).margin(0.5));
@@ -252,15 +266,10 @@ TEST_CASE("mog token scan: a scanned subcluster far below the head's best keeps 
   for (index_t j = 0; j < groups; ++j) {
     const auto gid = out.residual_groups[j];
     if (gid < idx.clusters()) continue;
-    const index_t sub = gid - idx.clusters(), first = idx.first_member(sub);
-    const auto members = idx.members(sub);
-    const index_t size = members.size();
-    std::vector<float> estimate(2 * size);
-    idx.member_keys().scan(idx.member_keys().prepare(q), first, first + size, estimate.data(), nullptr, size);
+    const auto unread_of = unread_estimates(idx, q, read, gid - idx.clusters());
     for (index_t h = 0; h < 2; ++h) {
       std::vector<double> scanned;
-      for (index_t i = 0; i < size; ++i)
-        if (!read[members[i]]) scanned.push_back(estimate[h * size + i]);
+      for (const auto& member : unread_of[h]) scanned.push_back(member.second);
       const double expected = log_sum_exp(scanned), got = out.residual_log_mass[h * groups + j];
       REQUIRE(std::isfinite(got));
       REQUIRE(got == Approx(expected).margin(1e-4).epsilon(1e-6));
