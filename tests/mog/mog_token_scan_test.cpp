@@ -280,3 +280,35 @@ TEST_CASE("mog token scan: a scanned subcluster far below the head's best keeps 
   REQUIRE(highest[0] - lowest[0] > 80.0);
   REQUIRE(highest[1] - lowest[1] > 80.0);
 }
+
+TEST_CASE("mog token scan: a top-p budget stops the token order once the mass is covered, within floor and cap", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  auto g = floe::testing::rng(746);
+  random_kv<float> kv(g, 3000, 32, 16);
+  floe::testing::make_clustered(kv, g, 20);
+  const auto view = kv.view();
+  const mog_index idx = scanning(budget::fraction(0.5)).build(view);
+  const auto qd = floe::testing::random_floats(g, 2 * 32, 1.f);
+  const auto q = query_group::make(qd.data(), 2, 32);
+  const index_t always = idx.sinks() + idx.outliers().size(), cap = 1500;
+  // Tokens read, and how many a selection that read every scanned token up to the cap would.
+  auto count = [&](budget b) {
+    select::mog_clusters::selection out;
+    stats s;
+    scanning(b).select(idx, view, q, exec::scalar{}, out, s);
+    const auto cover = coverage(idx, out, view.n());  // fewer tokens read: the rest still estimated, once
+    REQUIRE(std::all_of(cover.begin(), cover.end(), [](int c) { return c == 1; }));
+    index_t scanned = 0;
+    for (index_t c = 0; c < idx.clusters(); ++c)
+      if (std::find(out.residual_groups.begin(), out.residual_groups.end(), c) == out.residual_groups.end()) scanned += idx.count(c);
+    return std::pair{out.count(), always + std::min(scanned, b.cap - always)};
+  };
+  const auto [loose, loose_all] = count(budget::top_p(0.2, 0, cap));
+  const auto [tight, tight_all] = count(budget::top_p(0.9, 0, cap));
+  INFO("tokens read at p = 0.2: " << loose << " of " << loose_all << ", at p = 0.9: " << tight << " of " << tight_all);
+  REQUIRE(loose < loose_all);  // the token order stops at p, before the refined clusters or the cap run out
+  REQUIRE(loose <= tight);
+  REQUIRE(tight <= cap);
+  REQUIRE(count(budget::top_p(0.2, 700, cap)).first >= 700);  // tokens one at a time: the floor is met exactly
+  REQUIRE(count(budget::top_p(0.99, 0, 100)).first <= 100);
+}

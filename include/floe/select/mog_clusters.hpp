@@ -375,8 +375,9 @@ struct mog_clusters {
   // mog_config::token_scan: the members of refined clusters that have 4-bit keys are ranked
   // one by one by their score estimates, the subclusters of other refined clusters (formed
   // by append) by their Gaussians, in one order by largest estimated share of any head
-  // (maximin is not applied). A scanned subcluster's unread members go to the residual as
-  // one group with their summed estimated mass and the subcluster's value mean.
+  // (maximin is not applied); a top-p budget stops that order once every head's estimated
+  // covered share reaches p (and the floor is met). A scanned subcluster's unread members go
+  // to the residual as one group with their summed estimated mass and the subcluster's value mean.
   void select_tokens(const index& idx, const query_group& q, group_scorer& scorer, const scores& cl,
                      const std::vector<char>& refined, index_t left, index_t n, selection& out, stats& st) const {
     const index_t heads = q.heads, clusters = idx.clusters(), scanned = idx.scanned_clusters();
@@ -423,8 +424,19 @@ struct mog_clusters {
     std::vector<char> chosen(share.size(), 0);
     std::vector<std::uint32_t> picked;
     std::vector<index_t> tokens;  // the chosen token items, ascending
+    // Top-p: each head's estimated share of an item, and whether the taken items cover p of every head.
+    const bool by_mass = limit.kind == budget::unit::mass;
+    std::vector<double> covered(heads, 0.0);
+    const auto cover = [&](index_t j) {
+      for (index_t h = 0; h < heads; ++h) {
+        const float lam = j < rows ? estimate[h * rows + j] : sub.log_mass(j - rows, h);
+        covered[h] += std::exp(static_cast<double>(lam - cl.log_z[static_cast<Eigen::Index>(h)]));
+      }
+    };
+    const auto enough = [&](index_t taken) { return by_mass && taken >= limit.floor && min_of(covered) >= limit.value; };
     if (cand.empty()) {  // tokens only, one each: the `left` largest shares (ties: lower rows), by radix selection
       tokens = ranking::top_k(share.data(), rows, std::min(rows, left));
+      if (by_mass) tokens = covering_prefix(std::move(tokens), share, cover, enough);
       for (index_t j : tokens) chosen[j] = 1;
     } else {  // only the best `left + cand` items can be taken (each costs a token; only subclusters are skipped)
       std::vector<std::uint32_t> order(share.size());
@@ -433,11 +445,14 @@ struct mog_clusters {
       const auto top = order.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(order.size(), left + cand.size()));
       std::nth_element(order.begin(), top, order.end(), better);
       std::sort(order.begin(), top, better);
-      for (auto it = order.begin(); it != top && left > 0; ++it) {
+      index_t taken = 0;
+      for (auto it = order.begin(); it != top && left > 0 && !enough(taken); ++it) {
         const index_t j = *it, size = j < rows ? 1 : idx.count(clusters + cand[j - rows]);
         if (size > left) continue;
         chosen[j] = 1;
         left -= size;
+        taken += size;
+        if (by_mass) cover(j);
         if (j >= rows) picked.push_back(cand[j - rows]);
       }
       for (index_t j = 0; j < rows; ++j)
@@ -475,6 +490,19 @@ struct mog_clusters {
     out.residual_log_mass.resize(heads * g);
     for (index_t r = 0; r < g; ++r)
       for (index_t h = 0; h < heads; ++h) out.residual_log_mass[h * g + r] = masses[r * heads + h];
+  }
+
+  // Top-p over tokens: of `tokens` (ascending), the fewest with the largest shares that make
+  // enough(count) true (all of them if none do), ascending again.
+  template <class Cover, class Enough>
+  static std::vector<index_t> covering_prefix(std::vector<index_t> tokens, const std::vector<float>& share, Cover cover,
+                                              Enough enough) {
+    std::sort(tokens.begin(), tokens.end(), [&](index_t a, index_t b) { return share[a] > share[b] || (share[a] == share[b] && a < b); });
+    index_t kept = 0;
+    while (kept < tokens.size() && !enough(kept)) cover(tokens[kept++]);
+    tokens.resize(kept);
+    std::sort(tokens.begin(), tokens.end());
+    return tokens;
   }
 
   // Member rows of cluster c: its subclusters' rows, consecutive.
