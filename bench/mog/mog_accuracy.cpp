@@ -6,12 +6,13 @@
 //                     [--budgets 0.01,0.02,0.03,0.05] [--threads 2] [--window W]
 //                     [--refine R] [--optimism O] [--clusters C] [--subclusters S] [--outliers F | --outlier-share B] [--outlier-sigma Z]
 //                     [--query-metric] [--append A] [--join-sigma S] [--split-factor F] [--segment-growth G]
-//                     [--maximin] [--per-token] [--token-scan] [--breakdown]
+//                     [--maximin] [--per-token] [--token-scan] [--breakdown] [--per-query FILE]
 // --query-metric builds the k-means metric from the queries of the second half of the
 // decode steps and reports errors on the first half only. --append A builds on the first
 // n - A tokens, appends the last A (index append) and also reports a fresh build on all n.
 // --maximin lets the GQA heads take turns (greedy maximin of covered mass) instead of ranking by the largest share of any head.
-// --breakdown prints where the error comes from (mog_breakdown.hpp).
+// --breakdown prints where the error comes from (mog_breakdown.hpp). --per-query writes every
+// query's error and bytes as CSV (bench/mog/oracle_allocation.py reads it).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -19,9 +20,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "floe/estimator.hpp"
@@ -52,6 +55,8 @@ struct options {
   bool query_sample = false;  // build with the queries of the second half of the steps, test on the first
   bool breakdown = false;     // per-query counterfactual errors (mog_breakdown.hpp)
   bool cross_covariance = false;  // the residual corrects value means by s Cov(v, k) q
+  std::string per_query;      // CSV of every query's error and bytes ("" : none)
+  double top_p_cap = 0;       // > 0: the budgets are top-p masses, each capped at this fraction of n
   bool help = false;
 };
 
@@ -71,6 +76,8 @@ data
   --threads T            threads for building and scoring (default 2)
 budgets and selector
   --budgets B1,B2,...    exact-token fractions (default 0.01,0.02,0.03,0.05)
+  --top-p-cap F          the budgets are top-p masses instead (budget::top_p: read until every head's
+                         estimated covered share reaches p), each capped at fraction F of n
   --window W             exact recent tokens (default 64)
   --refine R             refined clusters hold R x the budget (default 2)
   --optimism O           rank by O x the score variance (default 1)
@@ -105,6 +112,9 @@ append (docs/log/mog.md, "Appending 4096 tokens")
 output
   --breakdown            where the error comes from: each class of uncovered groups
                          replaced by its truth in turn (bench/mog/mog_breakdown.hpp)
+  --per-query FILE       write every query's error and bytes read as CSV (method, budget, KV head,
+                         step, query head, role, error, bytes_fraction); the bytes are its group's
+                         call's, shared by the g heads (bench/mog/oracle_allocation.py reads it)
   --help                 this text
 )";
 
@@ -167,6 +177,11 @@ options parse(int argc, char** argv) {
     else if (a == "--per-token") o.selector.rank_per_token = true;
     else if (a == "--token-scan") o.selector.config.token_scan = true;
     else if (a == "--breakdown") o.breakdown = true;
+    else if (a == "--per-query") o.per_query = next();
+    else if (a == "--top-p-cap") {
+      o.top_p_cap = real_number(a, next());
+      require(o.top_p_cap > 0.0 && o.top_p_cap <= 1.0, "--top-p-cap", "must lie in (0, 1], got ", o.top_p_cap);
+    }
     else if (a == "--join-sigma") o.selector.config.join_sigma = real_number(a, next());
     else if (a == "--split-factor") o.selector.config.split_factor = real_number(a, next());
     else if (a == "--segment-growth") o.selector.config.segment_growth = real_number(a, next());
@@ -204,14 +219,22 @@ double quantile(std::vector<double> v, double p) {
   return v[std::min(v.size(), std::max<index_t>(rank, 1)) - 1];
 }
 
+// One query head's error at one step, with the bytes its group's call read.
+struct query_record {
+  index_t kv_head, step, query_head;
+  double error, bytes_fraction;
+};
+
 // Everything measured for one method at one budget, over all heads and steps.
 struct tally {
   std::vector<double> errors;
+  std::vector<query_record> queries;  // the same errors, with where and what they cost
   std::map<index_t, std::vector<double>> by_role;  // synthetic: query head % 5
   stats io;
   double kv_bytes = 0;
   void add(const tally& o) {
     errors.insert(errors.end(), o.errors.begin(), o.errors.end());
+    queries.insert(queries.end(), o.queries.begin(), o.queries.end());
     for (const auto& [r, e] : o.by_role) by_role[r].insert(by_role[r].end(), e.begin(), e.end());
     io += o.io;
     kv_bytes += o.kv_bytes;
@@ -226,6 +249,12 @@ int main(int argc, char** argv) try {
     std::fputs(usage, stdout);
     return 0;
   }
+  // Opened before any work, so that a path that cannot be written fails at once.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> per_query(nullptr, &std::fclose);
+  if (!opt.per_query.empty()) {
+    per_query.reset(std::fopen(opt.per_query.c_str(), "w"));
+    require(per_query != nullptr, "--per-query", "cannot write '", opt.per_query, "'");
+  }
   io::kv_dump dump;
   if (!opt.data.empty()) {
     dump = io::load_kv_dump(opt.data);
@@ -238,6 +267,7 @@ int main(int argc, char** argv) try {
   }
   const bool synthetic = opt.data.empty();
   const index_t g = dump.group(), dv = dump.dv, nb = opt.budgets.size();
+  if (opt.top_p_cap > 0) std::printf("budgets: top-p masses, each capped at %g of n\n", opt.top_p_cap);
   std::printf("data: %s, n = %zu, d = %zu, KV heads %zu, GQA %zu, %zu steps, %s\n",
               synthetic ? "synthetic" : opt.data.c_str(), dump.n, dump.d, dump.kv_heads, g, dump.steps,
               std::string(dump.dtype_name()).c_str());
@@ -274,7 +304,8 @@ int main(int argc, char** argv) try {
       for (index_t b = 0; b < nb; ++b) {
         if (opt.outliers_given) continue;
         select::mog_clusters capped = builder;
-        capped.config.outlier_fraction = std::min(builder.config.outlier_fraction, opt.outlier_share * opt.budgets[b]);
+        const double tokens = opt.top_p_cap > 0 ? opt.top_p_cap : opt.budgets[b];  // what the budget may read at most
+        capped.config.outlier_fraction = std::min(builder.config.outlier_fraction, opt.outlier_share * tokens);
         if (capped.config.outlier_fraction == builder.config.outlier_fraction) continue;
         per_budget[b] = capped.build(kv);
         index_of[b] = &per_budget[b];
@@ -314,12 +345,16 @@ int main(int argc, char** argv) try {
             const double e = rel_l2(out.data() + j * dv, ref.data() + j * dv, dv);
             into.errors.push_back(e);
             into.by_role[(h * g + j) % 5].push_back(e);
+            into.queries.push_back({h, t, h * g + j, e, static_cast<double>(s.bytes_read()) / kv_bytes});
           }
           return s;
         };
         for (index_t b = 0; b < nb; ++b) {
           select::mog_clusters sel = opt.selector;
-          sel.limit = budget::fraction(opt.budgets[b]);
+          sel.limit = opt.top_p_cap > 0
+                          ? budget::top_p(opt.budgets[b], 0,
+                                          static_cast<index_t>(std::ceil(opt.top_p_cap * static_cast<double>(kv.n()))))
+                          : budget::fraction(opt.budgets[b]);
           const estimator<select::mog_clusters, residual::gaussian_moments> with(sel, {opt.cross_covariance});
           const estimator<select::mog_clusters, residual::none> without(sel, {});
           const stats s = record(m[b], with, decltype(with)::state{*index_of[b], {}});
@@ -382,6 +417,27 @@ int main(int argc, char** argv) try {
     row("mog_clusters+none", opt.budgets[b], ablation[b]);
     row("oracle_topk@bytes", opt.budgets[b], oracle[b]);
     if (opt.append) row("mog(appended)", opt.budgets[b], appended[b]);
+  }
+  if (per_query) {
+    std::FILE* f = per_query.get();
+    std::fprintf(f, "method,budget,kv_head,step,query_head,role,error,bytes_fraction\n");
+    auto write = [&](const char* name, double b, tally t) {
+      std::sort(t.queries.begin(), t.queries.end(), [](const query_record& x, const query_record& y) {
+        return std::tie(x.kv_head, x.step, x.query_head) < std::tie(y.kv_head, y.step, y.query_head);
+      });
+      for (const query_record& r : t.queries)
+        std::fprintf(f, "%s,%g,%zu,%zu,%zu,%s,%.6g,%.6g\n", name, b, r.kv_head, r.step, r.query_head,
+                     synthetic ? std::string(testing::head_role_name(testing::role_of(r.query_head))).c_str() : "",
+                     r.error, r.bytes_fraction);
+    };
+    for (index_t b = 0; b < nb; ++b) {
+      write("mog", opt.budgets[b], mog[b]);
+      write("mog_clusters+none", opt.budgets[b], ablation[b]);
+      write("oracle_topk@bytes", opt.budgets[b], oracle[b]);
+      if (opt.append) write("mog(appended)", opt.budgets[b], appended[b]);
+    }
+    require(std::fflush(f) == 0 && !std::ferror(f), "--per-query", "writing '", opt.per_query, "' failed");
+    std::printf("per-query errors: %s\n", opt.per_query.c_str());
   }
   if (opt.append) {
     index_t total = 0;
