@@ -304,8 +304,8 @@ int main(int argc, char** argv) try {
       for (index_t b = 0; b < nb; ++b) {
         if (opt.outliers_given) continue;
         select::mog_clusters capped = builder;
-        const double tokens = opt.top_p_cap > 0 ? opt.top_p_cap : opt.budgets[b];  // what the budget may read at most
-        capped.config.outlier_fraction = std::min(builder.config.outlier_fraction, opt.outlier_share * tokens);
+        const double most = opt.top_p_cap > 0 ? opt.top_p_cap : opt.budgets[b];  // the fraction the budget may read at most
+        capped.config.outlier_fraction = std::min(builder.config.outlier_fraction, opt.outlier_share * most);
         if (capped.config.outlier_fraction == builder.config.outlier_fraction) continue;
         per_budget[b] = capped.build(kv);
         index_of[b] = &per_budget[b];
@@ -421,11 +421,12 @@ int main(int argc, char** argv) try {
   if (per_query) {
     std::FILE* f = per_query.get();
     std::fprintf(f, "method,budget,kv_head,step,query_head,role,error,bytes_fraction\n");
-    auto write = [&](const char* name, double b, tally t) {
-      std::sort(t.queries.begin(), t.queries.end(), [](const query_record& x, const query_record& y) {
+    auto write = [&](const char* name, double b, const tally& t) {
+      std::vector<query_record> queries = t.queries;  // heads finish in any order
+      std::sort(queries.begin(), queries.end(), [](const query_record& x, const query_record& y) {
         return std::tie(x.kv_head, x.step, x.query_head) < std::tie(y.kv_head, y.step, y.query_head);
       });
-      for (const query_record& r : t.queries)
+      for (const query_record& r : queries)
         std::fprintf(f, "%s,%g,%zu,%zu,%zu,%s,%.6g,%.6g\n", name, b, r.kv_head, r.step, r.query_head,
                      synthetic ? std::string(testing::head_role_name(testing::role_of(r.query_head))).c_str() : "",
                      r.error, r.bytes_fraction);

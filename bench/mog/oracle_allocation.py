@@ -89,7 +89,7 @@ def main():
     except ValueError:
         p.error(f"--caps expects a comma-separated list of fractions, got '{a.caps}'")
     calls, budgets = load(a.csv, a.method)
-    count = sum(len(e[1]) for by_budget in calls.values() for e in [by_budget[budgets[0]]])
+    count = sum(len(by_budget[budgets[0]][1]) for by_budget in calls.values())
     limit = allowed_above(count, a.quantile)
     uniform = []
     for b in budgets:
@@ -99,10 +99,10 @@ def main():
     print(f"{a.method}: {len(calls)} calls, {count} queries, {len(budgets)} budgets; "
           f"p{round(100 * a.quantile)} allows {limit} queries above it")
     print(f"{'cap':>6} {'one budget for all':>26} {'per-call choice':>18} {'its mean bytes':>15}")
+    thresholds = sorted({e for by_budget in calls.values() for b in budgets for e in by_budget[b][1]})
     for cap in caps:
         fits = [u for u in uniform if u[0] <= cap]
         one = f"{fits[-1][1]:.4f} (budget {fits[-1][2]:g})" if fits else "none fits"
-        thresholds = sorted({e for by_budget in calls.values() for b in budgets for e in by_budget[b][1]})
         lo, hi = 0, len(thresholds) - 1  # least threshold whose least bytes fit the cap
         if least_bytes(calls, budgets, thresholds[hi], limit)[0] > cap:
             print(f"{cap:>6.3f} {one:>26} {'none fits':>18}")

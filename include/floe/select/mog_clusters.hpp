@@ -434,14 +434,14 @@ struct mog_clusters {
       }
     };
     const auto enough = [&](index_t taken) { return by_mass && taken >= limit.floor && min_of(covered) >= limit.value; };
+    const auto better = [&](index_t a, index_t b) { return share[a] > share[b] || (share[a] == share[b] && a < b); };
     if (cand.empty()) {  // tokens only, one each: the `left` largest shares (ties: lower rows), by radix selection
       tokens = ranking::top_k(share.data(), rows, std::min(rows, left));
-      if (by_mass) tokens = covering_prefix(std::move(tokens), share, cover, enough);
+      if (by_mass) tokens = covering_prefix(std::move(tokens), better, cover, enough);
       for (index_t j : tokens) chosen[j] = 1;
     } else {  // only the best `left + cand` items can be taken (each costs a token; only subclusters are skipped)
       std::vector<std::uint32_t> order(share.size());
       std::iota(order.begin(), order.end(), 0u);
-      const auto better = [&](std::uint32_t a, std::uint32_t b) { return share[a] > share[b] || (share[a] == share[b] && a < b); };
       const auto top = order.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(order.size(), left + cand.size()));
       std::nth_element(order.begin(), top, order.end(), better);
       std::sort(order.begin(), top, better);
@@ -492,12 +492,11 @@ struct mog_clusters {
       for (index_t h = 0; h < heads; ++h) out.residual_log_mass[h * g + r] = masses[r * heads + h];
   }
 
-  // Top-p over tokens: of `tokens` (ascending), the fewest with the largest shares that make
+  // Top-p over tokens: of `tokens` (ascending), the fewest first in `better` order that make
   // enough(count) true (all of them if none do), ascending again.
-  template <class Cover, class Enough>
-  static std::vector<index_t> covering_prefix(std::vector<index_t> tokens, const std::vector<float>& share, Cover cover,
-                                              Enough enough) {
-    std::sort(tokens.begin(), tokens.end(), [&](index_t a, index_t b) { return share[a] > share[b] || (share[a] == share[b] && a < b); });
+  template <class Better, class Cover, class Enough>
+  static std::vector<index_t> covering_prefix(std::vector<index_t> tokens, Better better, Cover cover, Enough enough) {
+    std::sort(tokens.begin(), tokens.end(), better);
     index_t kept = 0;
     while (kept < tokens.size() && !enough(kept)) cover(tokens[kept++]);
     tokens.resize(kept);
