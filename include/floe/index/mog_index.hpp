@@ -81,9 +81,9 @@ struct mog_config {
   // farthest keys hold no more of the decode queries' mass than random ones; 0.75 keeps a
   // quarter for the synthetic cache's salient tokens that the sample does not attend
   // (docs/log/mog.md, "Outliers chosen by a query sample"). 1 leaves none to distance: on the
-  // synthetic 32K cache needles the sample missed then sat in clusters and p99 rose past 1
-  // (log "What the 32K error is made of"). Tokens appended later are tested by distance
-  // only. Without a query_sample every outlier is chosen by distance.
+  // synthetic 32K cache the retrieval heads' p99 error then rose past 1, their mass left in
+  // unrefined clusters (log "What the 32K error is made of"). Tokens appended later are
+  // tested by distance only. Without a query_sample every outlier is chosen by distance.
   double sample_outlier_share = 0.75;
   std::uint64_t seed = 0x6d6f67;
   // Optional sample of queries (rows of d floats, e.g. the last prefill queries of the GQA
