@@ -111,7 +111,8 @@ append (docs/log/mog.md, "Appending 4096 tokens")
   --join-sigma S, --split-factor F, --segment-growth G   append's thresholds
 output
   --breakdown            where the error comes from: each class of uncovered groups
-                         replaced by its truth in turn (bench/mog/mog_breakdown.hpp)
+                         replaced by its truth in turn, and an oracle's floor at the same
+                         token count (bench/mog/mog_breakdown.hpp)
   --per-query FILE       write every query's error and bytes read as CSV (method, budget, KV head,
                          step, query head, role, error, bytes_fraction); the bytes are its group's
                          call's, shared by the g heads (bench/mog/oracle_allocation.py reads it)
@@ -449,9 +450,11 @@ int main(int argc, char** argv) try {
   }
   if (opt.breakdown) {
     std::printf("breakdown: p90 (and mean over the worst tenth of queries) of the error with one class of residual "
-                "groups replaced by the truth\n%-16s %6s %15s %15s %15s %15s %15s %15s %15s %9s %9s\n", "index",
-                "budget", "as estimated", "clusters", "subclusters", "spiky groups", "smooth groups", "mass only",
-                "value only", "resid", "missed");
+                "groups replaced by the truth; resid and missed: mean over the worst tenth; oracle: the same count of "
+                "tokens read by true weight (own: per head, shared: one set per group), the rest at the true unread "
+                "mass of each subcluster with its value mean\n%-16s %6s %15s %15s %15s %15s %15s %15s %15s %9s %9s %15s %15s\n",
+                "index", "budget", "as estimated", "clusters", "subclusters", "spiky groups", "smooth groups", "mass only",
+                "value only", "resid", "missed", "oracle own", "oracle shared");
     auto print = [&](const char* name, double budget, std::vector<bench::mog_breakdown> v) {
       if (v.empty()) return;
       std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.error < b.error; });
@@ -475,7 +478,10 @@ int main(int argc, char** argv) try {
         resid += v[i].residual_share / static_cast<double>(v.size() - worst);
         missed += v[i].missed_share / static_cast<double>(v.size() - worst);
       }
-      std::printf(" %9.4f %9.4f\n", resid, missed);
+      std::printf(" %9.4f %9.4f", resid, missed);
+      col(&bench::mog_breakdown::floor_own);
+      col(&bench::mog_breakdown::floor_shared);
+      std::printf("\n");
     };
     for (index_t b = 0; b < nb; ++b) {
       print("mog", opt.budgets[b], parts[b]);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -27,7 +28,82 @@ struct mog_breakdown {
   double fix_value = 0;       // every group's true weighted value mean, its estimated mass kept
   double residual_share = 0;  // true share of mass outside the exact set
   double missed_share = 0;    // true share of mass of residual tokens among the top-B by weight (B = tokens read)
+  // An oracle's floor at the same reads: B tokens read exactly, those outside the subclusters
+  // (sinks, outliers, tail) and then the largest true weights (each head its own; or one set for
+  // the group, by the largest share of any head); every other token from its subcluster's
+  // stored value mean at the true unread mass.
+  double floor_own = 0, floor_shared = 0;
 };
+
+// Fills floor_own and floor_shared of `out` (one per query head) for an exact budget of b tokens.
+template <KvView KV>
+void oracle_floors(const mog_index& idx, const KV& kv, const query_group& q, const std::vector<double>& reference, index_t b,
+                   std::vector<mog_breakdown>& out) {
+  const index_t n = kv.n(), d = kv.d(), dv = kv.dv(), heads = q.heads;
+  b = std::min(std::max<index_t>(b, 1), n);
+  std::vector<std::int64_t> sub_of(n, -1);  // tokens outside every subcluster (sinks, outliers, tail) stay exact
+  for (index_t s = 0; s < idx.subclusters(); ++s)
+    for (auto p : idx.members(s)) sub_of[p] = static_cast<std::int64_t>(s);
+  std::vector<double> z(heads * n), log_total(heads);
+  for (index_t h = 0; h < heads; ++h) {
+    double top = -INFINITY, sum = 0;
+    for (index_t i = 0; i < n; ++i) {
+      double dot = 0;
+      const auto* k = kv.key_row(i);
+      for (index_t t = 0; t < d; ++t) dot += static_cast<double>(q.row(h)[t]) * to_float(k[t]);
+      z[h * n + i] = q.scale * dot;
+      top = std::max(top, z[h * n + i]);
+    }
+    for (index_t i = 0; i < n; ++i) sum += std::exp(z[h * n + i] - top);
+    log_total[h] = top + std::log(sum);
+  }
+  auto top_b = [&](auto key) {  // b tokens: every one outside the subclusters, then the largest keys
+    std::vector<std::pair<double, index_t>> order(n);
+    for (index_t i = 0; i < n; ++i) order[i] = {sub_of[i] < 0 ? INFINITY : key(i), i};
+    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(b - 1), order.end(), std::greater<>());
+    std::vector<char> exact(n, 0);
+    for (index_t i = 0; i < b; ++i) exact[order[i].second] = 1;
+    for (index_t i = 0; i < n; ++i) exact[i] |= sub_of[i] < 0;  // should b be fewer than they are
+    return exact;
+  };
+  const std::vector<char> shared = top_b([&](index_t i) {
+    double m = -INFINITY;
+    for (index_t h = 0; h < heads; ++h) m = std::max(m, z[h * n + i] - log_total[h]);
+    return m;
+  });
+  std::vector<float> nu(dv);
+  auto error_of = [&](index_t h, const std::vector<char>& exact) {
+    std::vector<double> unread(idx.subclusters(), 0.0), acc(dv, 0.0);
+    double mass = 0;
+    for (index_t i = 0; i < n; ++i) {
+      const double w = std::exp(z[h * n + i] - log_total[h]);
+      if (!exact[i]) {
+        unread[static_cast<index_t>(sub_of[i])] += w;
+        continue;
+      }
+      mass += w;
+      const auto* v = kv.value_row(i);
+      for (index_t t = 0; t < dv; ++t) acc[t] += w * to_float(v[t]);
+    }
+    for (index_t s = 0; s < idx.subclusters(); ++s) {
+      if (unread[s] == 0) continue;
+      idx.decode_value_mean(idx.clusters() + s, nu.data());
+      mass += unread[s];
+      for (index_t t = 0; t < dv; ++t) acc[t] += unread[s] * nu[t];
+    }
+    double num = 0, den = 0;
+    for (index_t t = 0; t < dv; ++t) {
+      const double o = acc[t] / mass, r = reference[h * dv + t];
+      num += (o - r) * (o - r);
+      den += r * r;
+    }
+    return std::sqrt(num / den);
+  };
+  for (index_t h = 0; h < heads; ++h) {
+    out[h].floor_own = error_of(h, top_b([&](index_t i) { return z[h * n + i]; }));
+    out[h].floor_shared = error_of(h, shared);
+  }
+}
 
 template <KvView KV>
 std::vector<mog_breakdown> breakdown(const mog_index& idx, const select::mog_clusters::selection& sel, const KV& kv,
@@ -153,6 +229,7 @@ std::vector<mog_breakdown> breakdown(const mog_index& idx, const select::mog_clu
     r.residual_share = (total - l_exact) / total;
     r.missed_share = missed / total;
   }
+  oracle_floors(idx, kv, q, reference, read, out);
   return out;
 }
 
