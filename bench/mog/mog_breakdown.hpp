@@ -35,6 +35,17 @@ struct mog_breakdown {
   double floor_own = 0, floor_shared = 0;
 };
 
+// Relative L2 error of acc / mass against ref, dv elements.
+inline double relative_error(const double* acc, double mass, const double* ref, index_t dv) {
+  double num = 0, den = 0;
+  for (index_t t = 0; t < dv; ++t) {
+    const double o = acc[t] / mass;
+    num += (o - ref[t]) * (o - ref[t]);
+    den += ref[t] * ref[t];
+  }
+  return std::sqrt(num / den);
+}
+
 // Fills floor_own and floor_shared of `out` (one per query head) for an exact budget of b tokens.
 template <KvView KV>
 void oracle_floors(const mog_index& idx, const KV& kv, const query_group& q, const std::vector<double>& reference, index_t b,
@@ -91,13 +102,7 @@ void oracle_floors(const mog_index& idx, const KV& kv, const query_group& q, con
       mass += unread[s];
       for (index_t t = 0; t < dv; ++t) acc[t] += unread[s] * nu[t];
     }
-    double num = 0, den = 0;
-    for (index_t t = 0; t < dv; ++t) {
-      const double o = acc[t] / mass, r = reference[h * dv + t];
-      num += (o - r) * (o - r);
-      den += r * r;
-    }
-    return std::sqrt(num / den);
+    return relative_error(acc.data(), mass, reference.data() + h * dv, dv);
   };
   for (index_t h = 0; h < heads; ++h) {
     out[h].floor_own = error_of(h, top_b([&](index_t i) { return z[h * n + i]; }));
@@ -181,14 +186,8 @@ std::vector<mog_breakdown> breakdown(const mog_index& idx, const select::mog_clu
       }
       missed += t.missed_d;
     }
-    auto err = [&](const std::vector<double>& acc, double den_l) {  // relative L2 of acc / den_l
-      double num = 0, den = 0;
-      for (index_t c = 0; c < dv; ++c) {
-        const double o = acc[c] / den_l, ref = reference[h * dv + c];
-        num += (o - ref) * (o - ref);
-        den += ref * ref;
-      }
-      return std::sqrt(num / den);
+    auto err = [&](const std::vector<double>& acc, double den_l) {
+      return relative_error(acc.data(), den_l, reference.data() + h * dv, dv);
     };
     auto error_with = [&](auto truth_of) {  // truth_of(j, t): group j at its true mass and value
       double l = l_exact;
