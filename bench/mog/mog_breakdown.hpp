@@ -46,25 +46,35 @@ inline double relative_error(const double* acc, double mass, const double* ref, 
   return std::sqrt(num / den);
 }
 
-// Fills floor_own and floor_shared of `out` (one per query head) for an exact budget of b tokens.
+// Every head's scores s q.k_i in double, [heads, n].
 template <KvView KV>
-void oracle_floors(const mog_index& idx, const KV& kv, const query_group& q, const std::vector<double>& reference, index_t b,
-                   std::vector<mog_breakdown>& out) {
-  const index_t n = kv.n(), d = kv.d(), dv = kv.dv(), heads = q.heads;
-  b = std::min(std::max<index_t>(b, 1), n);
-  std::vector<std::int64_t> sub_of(n, -1);  // tokens outside every subcluster (sinks, outliers, tail) stay exact
-  for (index_t s = 0; s < idx.subclusters(); ++s)
-    for (auto p : idx.members(s)) sub_of[p] = static_cast<std::int64_t>(s);
-  std::vector<double> z(heads * n), log_total(heads);
-  for (index_t h = 0; h < heads; ++h) {
-    double top = -INFINITY, sum = 0;
+std::vector<double> true_scores(const KV& kv, const query_group& q) {
+  const index_t n = kv.n(), d = kv.d();
+  std::vector<double> z(q.heads * n);
+  for (index_t h = 0; h < q.heads; ++h)
     for (index_t i = 0; i < n; ++i) {
       double dot = 0;
       const auto* k = kv.key_row(i);
       for (index_t t = 0; t < d; ++t) dot += static_cast<double>(q.row(h)[t]) * to_float(k[t]);
       z[h * n + i] = q.scale * dot;
-      top = std::max(top, z[h * n + i]);
     }
+  return z;
+}
+
+// Fills floor_own and floor_shared of `out` (one per query head) for an exact budget of b
+// tokens, from the heads' scores z (true_scores).
+template <KvView KV>
+void oracle_floors(const mog_index& idx, const KV& kv, const query_group& q, const std::vector<double>& z,
+                   const std::vector<double>& reference, index_t b, std::vector<mog_breakdown>& out) {
+  const index_t n = kv.n(), dv = kv.dv(), heads = q.heads;
+  b = std::min(std::max<index_t>(b, 1), n);
+  std::vector<std::int64_t> sub_of(n, -1);  // tokens outside every subcluster (sinks, outliers, tail) stay exact
+  for (index_t s = 0; s < idx.subclusters(); ++s)
+    for (auto p : idx.members(s)) sub_of[p] = static_cast<std::int64_t>(s);
+  std::vector<double> log_total(heads);
+  for (index_t h = 0; h < heads; ++h) {
+    const double top = *std::max_element(z.begin() + static_cast<std::ptrdiff_t>(h * n), z.begin() + static_cast<std::ptrdiff_t>((h + 1) * n));
+    double sum = 0;
     for (index_t i = 0; i < n; ++i) sum += std::exp(z[h * n + i] - top);
     log_total[h] = top + std::log(sum);
   }
@@ -113,7 +123,7 @@ void oracle_floors(const mog_index& idx, const KV& kv, const query_group& q, con
 template <KvView KV>
 std::vector<mog_breakdown> breakdown(const mog_index& idx, const select::mog_clusters::selection& sel, const KV& kv,
                                      const query_group& q, const std::vector<double>& reference) {
-  const index_t n = kv.n(), d = kv.d(), dv = kv.dv(), groups = sel.residual_groups.size();
+  const index_t n = kv.n(), dv = kv.dv(), groups = sel.residual_groups.size();
   std::vector<char> exact(n, 0);
   index_t read = 0;
   for (const auto& r : sel.ranges)
@@ -130,22 +140,17 @@ std::vector<mog_breakdown> breakdown(const mog_index& idx, const select::mog_clu
     }
   }
   std::vector<mog_breakdown> out(q.heads);
-  std::vector<double> z(n), value_mean(groups * dv);
+  const std::vector<double> scores = true_scores(kv, q);
+  std::vector<double> value_mean(groups * dv);
   std::vector<float> nu(dv);
   for (index_t j = 0; j < groups; ++j) {
     idx.decode_value_mean(sel.residual_groups[j], nu.data());
     for (index_t t = 0; t < dv; ++t) value_mean[j * dv + t] = nu[t];
   }
   for (index_t h = 0; h < q.heads; ++h) {
-    const float* qh = q.row(h);
-    double top = -INFINITY;
-    for (index_t i = 0; i < n; ++i) {
-      double dot = 0;
-      const auto* k = kv.key_row(i);
-      for (index_t t = 0; t < d; ++t) dot += static_cast<double>(qh[t]) * to_float(k[t]);
-      z[i] = q.scale * dot;
-      top = std::max(top, z[i]);
-    }
+    const std::vector<double> z(scores.begin() + static_cast<std::ptrdiff_t>(h * n),
+                                scores.begin() + static_cast<std::ptrdiff_t>((h + 1) * n));
+    double top = *std::max_element(z.begin(), z.end());
     for (index_t j = 0; j < groups; ++j) top = std::max(top, static_cast<double>(sel.residual_log_mass[h * groups + j]));
     auto w = [&](index_t i) { return std::exp(z[i] - top); };
     // Heavy tokens: the top `read` by weight.
@@ -228,7 +233,7 @@ std::vector<mog_breakdown> breakdown(const mog_index& idx, const select::mog_clu
     r.residual_share = (total - l_exact) / total;
     r.missed_share = missed / total;
   }
-  oracle_floors(idx, kv, q, reference, read, out);
+  oracle_floors(idx, kv, q, scores, reference, read, out);
   return out;
 }
 
