@@ -87,6 +87,9 @@ budgets and selector
   --token-scan           rank the members of refined clusters one by one by 4-bit keys kept in the
                          index (mog_config::token_scan; the scan's bytes are in bytes_read); refine 8
                          unless --refine is given
+  --scan-code 4bit|2bit  --token-scan, ranking by 4-bit keys (default) or by 2-bit codes of the keys
+                         standardised by their cluster (mog_config::scan_code::residual_2bit; refine 16
+                         unless --refine is given)
 index
   --clusters C           clusters (default round(sqrt(n)))
   --subclusters S        subclusters per cluster (default max(1, round(2/3 ln n)))
@@ -177,6 +180,12 @@ options parse(int argc, char** argv) {
     else if (a == "--maximin") o.selector.maximin = true;
     else if (a == "--per-token") o.selector.rank_per_token = true;
     else if (a == "--token-scan") o.selector.config.token_scan = true;
+    else if (a == "--scan-code") {
+      const std::string code = next();
+      require(code == "4bit" || code == "2bit", "--scan-code", "must be 4bit or 2bit, got '", code, "'");
+      o.selector.config.token_scan = true;
+      o.selector.config.token_scan_code = code == "2bit" ? mog_config::scan_code::residual_2bit : mog_config::scan_code::keys_4bit;
+    }
     else if (a == "--breakdown") o.breakdown = true;
     else if (a == "--per-query") o.per_query = next();
     else if (a == "--top-p-cap") {
@@ -190,7 +199,8 @@ options parse(int argc, char** argv) {
     else throw invalid_argument(a.c_str(), "unknown option");
   }
   for (double b : o.budgets) require(b > 0.0 && b <= 1.0, "--budgets", "fractions must lie in (0, 1], got ", b);
-  if (o.selector.config.token_scan && !refine_given) o.selector.refine = select::mog_clusters::token_scan_refine;
+  if (o.selector.config.token_scan && !refine_given)
+    o.selector.refine = o.selector.with_token_scan(o.selector.config.token_scan_code).refine;
   return o;
 }
 

@@ -36,7 +36,7 @@ const char* usage =
     "                        well each layer's top --budget F reuses across layers; writes the anchor plan\n"
     "                        of each count in --anchors C,C.. (default 4,6,10) to --out PREFIX-C.json;\n"
     "                        --dense-layers L,L.. attend everything (default 0, as Kascade; 'none')\n"
-    "  --list-methods        the methods --attn takes (floe-eval's registry, anchor_reuse, mog:sample[:token_scan])\n"
+    "  --list-methods        the methods --attn takes (floe-eval's registry, anchor_reuse, mog:sample[:token_scan[2]])\n"
     "options: --attn NAME[,NAME..] (default dense)  --exec simd|scalar (floe executor, default simd)\n"
     "         --threads N (Eigen's, default 1)  --anchor-plan FILE (for --attn anchor_reuse+none,\n"
     "         anchor_reuse:same_heads+none; from --calibrate-anchors)\n";
@@ -409,7 +409,8 @@ int main(int argc, char** argv) {
                 << "anchor_reuse:same_heads+none\tthe same anchors, head h reusing head h (ablation of the head map)\n"
                 << "mog:sample\tmog with each index built on the last 32 prefill queries of its GQA group: 3/4 of "
                    "the exact outliers are the keys those queries attend most (--perplexity, --generate)\n"
-                << "mog:sample:token_scan\tmog:sample with mog:token_scan's 4-bit keys of the clustered tokens\n";
+                << "mog:sample:token_scan\tmog:sample with mog:token_scan's 4-bit keys of the clustered tokens\n"
+                << "mog:sample:token_scan2\tmog:sample with mog:token_scan2's 2-bit standardised codes instead\n";
       return 0;
     }
     if (o.has("--help") || argc == 1) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,8 @@ inline bool is_anchor_method(const std::string& name) {
 // see no queries, so this one lives here; `recent` is read when build() runs, after prefill.
 template <floe::Executor E>
 std::unique_ptr<decode_attention> make_sampled_mog(const recent_queries& recent, int group, int head_dim, double budget,
-                                                   const std::string& label, bool token_scan) {
+                                                   const std::string& label,
+                                                   std::optional<floe::mog_config::scan_code> token_scan) {
   using est = floe::estimator<floe::select::mog_clusters, floe::residual::gaussian_moments>;
   return std::make_unique<estimator_attention<floe::any_estimator<E>, E>>(
       [&recent, group, head_dim, budget, label, token_scan](int l, int g) {
@@ -55,7 +57,7 @@ std::unique_ptr<decode_attention> make_sampled_mog(const recent_queries& recent,
             sample.insert(sample.end(), q.row(r).data() + h * head_dim, q.row(r).data() + (h + 1) * head_dim);
         return floe::any_estimator<E>::from(label, [sample = std::move(sample), budget, token_scan](floe::index_t n) {
           auto s = floe::select::mog_clusters::with_budget(floe::budget::fraction(budget), n);
-          if (token_scan) s = s.with_token_scan();
+          if (token_scan) s = s.with_token_scan(*token_scan);
           s.config.query_sample = sample;
           return est(s, {});
         });
@@ -67,7 +69,7 @@ std::unique_ptr<decode_attention> make_sampled_mog(const recent_queries& recent,
 // may read exactly (dense ignores it). `exec` is "simd" (one thread, the best
 // instruction set of this CPU) or "scalar" (double accumulation, the reference).
 // `plan` is the anchor plan the anchor_reuse methods need (null for the others).
-// `recent` holds the prefill's last queries per layer, which mog:sample[:token_scan] needs (with the
+// `recent` holds the prefill's last queries per layer, which mog:sample[:token_scan[2]] needs (with the
 // model's `group` query heads per KV head of `head_dim`).
 inline std::unique_ptr<decode_attention> make_attention(const std::string& name, double budget,
                                                         const std::string& exec = "simd",
@@ -76,9 +78,11 @@ inline std::unique_ptr<decode_attention> make_attention(const std::string& name,
                                                         int head_dim = 0) {
   floe::require(budget > 0 && budget <= 1, "budget", "must be in (0, 1], got ", budget);
   floe::require(exec == "simd" || exec == "scalar", "exec", "unknown executor '", exec, "'; known: simd, scalar");
-  if (name == "mog:sample" || name == "mog:sample:token_scan") {
+  if (name == "mog:sample" || name == "mog:sample:token_scan" || name == "mog:sample:token_scan2") {
     floe::require(recent != nullptr && head_dim > 0, "attn", name, " needs the prefill's queries (--perplexity only)");
-    const bool scan = name == "mog:sample:token_scan";
+    using code = floe::mog_config::scan_code;
+    const auto scan = name == "mog:sample" ? std::nullopt
+                      : std::optional<code>(name.ends_with("2") ? code::residual_2bit : code::keys_4bit);
     if (exec == "simd") return make_sampled_mog<floe::exec::simd>(*recent, group, head_dim, budget, name, scan);
     return make_sampled_mog<floe::exec::scalar>(*recent, group, head_dim, budget, name, scan);
   }

@@ -1,5 +1,5 @@
-// mog_config::token_scan: 4-bit keys of the clustered tokens, so that the members of
-// refined clusters are ranked one by one. Every token is read or estimated once, unread
+// mog_config::token_scan: 4-bit keys (or 2-bit standardised codes, scan_code::residual_2bit)
+// of the clustered tokens, so that the members of refined clusters are ranked one by one. Every token is read or estimated once, unread
 // members carry their scanned mass, a heavy token inside a cluster is read, and clusters
 // formed by append fall back to subclusters. Keys the 4-bit rows cannot hold are refused.
 #include <catch2/catch.hpp>
@@ -17,7 +17,19 @@ using floe::testing::random_kv;
 
 namespace {
 
-select::mog_clusters scanning(budget b, mog_config cfg = {}) { return floe::testing::mog_selector(b, cfg).with_token_scan(); }
+using scan_code = mog_config::scan_code;
+
+select::mog_clusters scanning(budget b, mog_config cfg = {}, scan_code code = scan_code::keys_4bit) {
+  return floe::testing::mog_selector(b, cfg).with_token_scan(code);
+}
+
+const char* name_of(scan_code code) { return code == scan_code::keys_4bit ? "4-bit keys" : "2-bit codes"; }
+
+// Bytes of the scan's index per clustered token, and per cluster.
+std::pair<index_t, index_t> scan_bytes(const mog_index& idx) {
+  if (idx.member_codes().tokens() > 0) return {idx.member_codes().bytes_per_token(), idx.member_codes().bytes_per_cluster()};
+  return {idx.member_keys().bytes_per_token(), 0};
+}
 
 // 3000 float tokens (d = 32, dv = 16) around 20 topic centres.
 random_kv<float> clustered_tokens(std::mt19937_64& g) {
@@ -51,7 +63,13 @@ std::vector<std::vector<std::pair<std::uint32_t, double>>> unread_estimates(cons
   const auto members = idx.members(sub);
   const index_t first = idx.first_member(sub), size = members.size();
   std::vector<float> estimate(q.heads * size);
-  idx.member_keys().scan(idx.member_keys().prepare(q), first, first + size, estimate.data(), nullptr, size);
+  if (idx.member_codes().tokens() > 0) {
+    index_t c = 0;
+    while (idx.first_subcluster(c + 1) <= sub) ++c;
+    idx.member_codes().scan(q, c, first, first + size, estimate.data(), size);
+  } else {
+    idx.member_keys().scan(idx.member_keys().prepare(q), first, first + size, estimate.data(), nullptr, size);
+  }
   std::vector<std::vector<std::pair<std::uint32_t, double>>> out(q.heads);
   for (index_t h = 0; h < q.heads; ++h)
     for (index_t i = 0; i < size; ++i)
@@ -68,23 +86,27 @@ double log_sum_exp(const std::vector<double>& x) {
 
 }  // namespace
 
-TEST_CASE("mog token scan: full budget equals dense, and the index holds 4-bit keys of every clustered token", "[mog]") {
+TEST_CASE("mog token scan: full budget equals dense, and the index holds a code of every clustered token", "[mog]") {
   INFO("seed " << floe::testing::seed());
+  const scan_code code = GENERATE(scan_code::keys_4bit, scan_code::residual_2bit);
+  INFO(name_of(code));
   auto g = floe::testing::rng(741);
   for (auto [n, block] : {std::pair<index_t, index_t>{1, 0}, {700, 0}, {2000, 16}}) {
     INFO("n " << n << " block " << block);
     random_kv<half> kv(g, n, 32, 24, 1, block);
     const auto qd = floe::testing::random_floats(g, 3 * 32, 2.f);
     const auto q = query_group::make(qd.data(), 3, 32);
-    const floe::testing::mog est(scanning(budget::fraction(1.0)), {});
+    const floe::testing::mog est(scanning(budget::fraction(1.0), {}, code), {});
     const index_t tokens = n;  // clang 14 captures no structured bindings
     auto run = [&](const auto& view) {
       const auto state = est.build(view);
       const mog_index& idx = state.selector_index;
       index_t clustered = 0;
       for (index_t s = 0; s < idx.subclusters(); ++s) clustered += idx.members(s).size();
-      REQUIRE(idx.memory().token_scan == clustered * idx.member_keys().bytes_per_token());
+      const auto [per_token, per_cluster] = scan_bytes(idx);
+      REQUIRE(idx.memory().token_scan == clustered * per_token + (clustered ? idx.clusters() * per_cluster : 0));
       REQUIRE(idx.scanned_clusters() == (clustered ? idx.clusters() : 0));
+      REQUIRE((clustered == 0 || (code == scan_code::residual_2bit) == (idx.member_codes().tokens() == clustered)));
       stats s;
       const auto out = floe::testing::decode(est, state, view, q, s);
       REQUIRE(floe::testing::worst_head_error(out, floe::testing::dense_reference(view, q), 3, 24) <= 1e-6);
@@ -102,9 +124,11 @@ TEST_CASE("mog token scan: full budget equals dense, and the index holds 4-bit k
 TEST_CASE("mog token scan: every token is read or estimated once, and unread members carry their scanned mass", "[mog]") {
   INFO("seed " << floe::testing::seed());
   auto g = floe::testing::rng(742);
+  const scan_code code = GENERATE(scan_code::keys_4bit, scan_code::residual_2bit);
+  INFO(name_of(code));
   const auto kv = clustered_tokens(g);
   const auto view = kv.view();
-  const auto sel = scanning(budget::fraction(0.05));
+  const auto sel = scanning(budget::fraction(0.05), {}, code);
   const mog_index idx = sel.build(view);
   const auto qd = floe::testing::random_floats(g, 4 * 32, 1.f);
   const auto q = query_group::make(qd.data(), 4, 32);
@@ -129,8 +153,8 @@ TEST_CASE("mog token scan: every token is read or estimated once, and unread mem
     REQUIRE(unread > 0);
     if (static_cast<std::size_t>(unread) == members.size()) continue;  // a whole subcluster: its Gaussian, or every member unread
     ++partial;
-    // The unread members' mass from their 4-bit score estimates (member rows of the subcluster),
-    // which lie within the scan's rounding of the exact scores.
+    // The unread members' mass from their scanned score estimates (member rows of the
+    // subcluster), which lie within the code's rounding of the exact scores.
     const auto unread_of = unread_estimates(idx, q, read, gid - idx.clusters());
     for (index_t h = 0; h < 4; ++h) {
       std::vector<double> scanned, exact;
@@ -141,16 +165,16 @@ TEST_CASE("mog token scan: every token is read or estimated once, and unread mem
         scanned.push_back(e);
       }
       REQUIRE(out.residual_log_mass[h * groups + j] == Approx(log_sum_exp(scanned)).margin(1e-4));
-      REQUIRE(out.residual_log_mass[h * groups + j] == Approx(log_sum_exp(exact)).margin(0.5));
+      REQUIRE(out.residual_log_mass[h * groups + j] == Approx(log_sum_exp(exact)).margin(code == scan_code::keys_4bit ? 0.5 : 1.5));
     }
   }
   CHECK(partial > 0);
-  // The scan's bytes: at least the refined clusters' members (4 x the budget) at the 4-bit row size.
+  // The scan's bytes: at least the refined clusters' members (4 x the budget) at the code's row size.
   for (index_t c = 0; c < idx.clusters(); ++c)
     if (std::find(out.residual_groups.begin(), out.residual_groups.end(), c) == out.residual_groups.end())
       refined_tokens += idx.count(c);
   REQUIRE(refined_tokens >= 150);
-  REQUIRE(s.summary_bytes >= refined_tokens * idx.member_keys().bytes_per_token());
+  REQUIRE(s.summary_bytes >= refined_tokens * scan_bytes(idx).first);
 }
 
 TEST_CASE("mog token scan: a heavy token inside a cluster is read exactly, where subclusters exceed the budget", "[mog]") {
@@ -189,7 +213,9 @@ TEST_CASE("mog token scan: a heavy token inside a cluster is read exactly, where
     return std::any_of(out.ranges.begin(), out.ranges.end(), [&](const token_range& r) { return r.begin <= heavy && heavy < r.end; });
   };
   double with_scan = 0.0, without = 0.0;
-  REQUIRE(reads_heavy(scanning(budget::tokens(40), cfg), &with_scan));
+  const scan_code code = GENERATE(scan_code::keys_4bit, scan_code::residual_2bit);
+  INFO(name_of(code));
+  REQUIRE(reads_heavy(scanning(budget::tokens(40), cfg, code), &with_scan));
   REQUIRE_FALSE(reads_heavy(floe::testing::mog_selector(budget::tokens(40), cfg), &without));  // no subcluster fits
   CHECK(with_scan < 0.15);  // the rest from 4-bit masses and subcluster value means (0.055 seen)
   REQUIRE(with_scan < without);
@@ -205,7 +231,9 @@ TEST_CASE("mog token scan: clusters formed by append use their subclusters, a re
   cfg.tail_capacity = 64;
   cfg.rebuild_drift = 1e9;  // only growth re-clusters here
   cfg.segment_min_tokens = 128;
-  auto sel = scanning(budget::fraction(0.1), cfg);
+  const scan_code code = GENERATE(scan_code::keys_4bit, scan_code::residual_2bit);
+  INFO(name_of(code));
+  auto sel = scanning(budget::fraction(0.1), cfg, code);
   const floe::testing::mog est(sel, {});
   auto state = est.build(prefix(2400));
   const index_t built = state.selector_index.clusters();
@@ -216,7 +244,7 @@ TEST_CASE("mog token scan: clusters formed by append use their subclusters, a re
   for (index_t n = 2500; n <= 3100; n += 100) {
     est.append(state, prefix(n));
     REQUIRE(state.selector_index.generation() == generation);
-    REQUIRE(state.selector_index.scanned_clusters() == built);  // the built clusters keep their 4-bit keys
+    REQUIRE(state.selector_index.scanned_clusters() == built);  // the built clusters keep their codes
     select::mog_clusters::selection out;
     stats s;
     sel.select(state.selector_index, prefix(n), q, exec::scalar{}, out, s);

@@ -25,6 +25,7 @@
 #include "floe/exec/parallel.hpp"
 #include "floe/index/kmeans.hpp"
 #include "floe/index/quantized_keys.hpp"
+#include "floe/index/residual_codes.hpp"
 #include "floe/index/widen.hpp"
 
 namespace floe {
@@ -100,6 +101,12 @@ struct mog_config {
   // however its subcluster's moments look (docs/methods/mog.md, "Token scan"). Tokens of
   // clusters formed by append are not scanned. Costs index memory beyond the 5 % target.
   bool token_scan = false;
+  // What the token scan ranks by: 4-bit keys, or 2-bit codes of each key standardised by its
+  // cluster's mean and spread (residual_codes, d/4 bytes a token and 2d floats a cluster),
+  // with which the same bytes scan about twice the members (docs/log/mog.md, "Cheaper keys
+  // for the token scan"; mog_clusters::token_scan_code_refine).
+  enum class scan_code { keys_4bit, residual_2bit };
+  scan_code token_scan_code = scan_code::keys_4bit;
 };
 
 // log(n E[exp(s q.k)]) for k ~ N(mean, diag(variance)): log n + s q.mean + s^2/2 sum q_t^2 var_t.
@@ -320,15 +327,17 @@ class mog_index {
   // [first_member(first_subcluster(c)), first_member(first_subcluster(c + 1))).
   index_t first_member(index_t s) const { return member_begin_[s]; }
   std::uint32_t member_position(index_t row) const { return members_[row]; }
-  // 4-bit keys of member rows [0, first_member(first_subcluster(scanned_clusters()))), the
-  // members of the clusters as built (mog_config::token_scan; append leaves them in place).
+  // 4-bit keys (or 2-bit codes) of member rows [0, first_member(first_subcluster(scanned_clusters()))),
+  // the members of the clusters as built (mog_config::token_scan; append leaves them in place).
   index_t scanned_clusters() const {
     return scanned_clusters_ > 0 && scanned_clusters_ <= clusters_ &&
-                   member_begin_[sub_begin_[scanned_clusters_]] == member_keys_.tokens()
+                   member_begin_[sub_begin_[scanned_clusters_]] == member_keys_.tokens() + member_codes_.tokens()
                ? scanned_clusters_
                : 0;
   }
   const quantized_keys& member_keys() const { return member_keys_; }
+  // mog_config::scan_code::residual_2bit: the members' 2-bit codes instead (one of the two is empty).
+  const residual_codes& member_codes() const { return member_codes_; }
   // Outlier keys, increasing positions: in no cluster, always attended exactly.
   std::span<const std::uint32_t> outliers() const { return outliers_; }
 
@@ -364,7 +373,7 @@ class mog_index {
     m.cross_covariance = sizeof(float) * cross_cov_.size();
     m.metric = sizeof(float) * static_cast<std::uint64_t>(metric_.size());
     m.probes = sizeof(float) * static_cast<std::uint64_t>(probes_.size());
-    m.token_scan = member_keys_.bytes();
+    m.token_scan = member_keys_.bytes() + member_codes_.bytes();
     return m;
   }
   std::uint64_t bytes() const { return memory().total(); }
@@ -446,12 +455,19 @@ class mog_index {
   // The members' keys in member order, 4-bit (mog_config::token_scan).
   void build_token_scan(const row_matrix& keys) {
     member_keys_ = quantized_keys();
+    member_codes_ = residual_codes();
     scanned_clusters_ = 0;
     if (!cfg_.token_scan || members_.empty()) return;
     row_matrix rows(static_cast<Eigen::Index>(members_.size()), static_cast<Eigen::Index>(d_));
     for (index_t j = 0; j < members_.size(); ++j)
       rows.row(static_cast<Eigen::Index>(j)) = keys.row(static_cast<Eigen::Index>(members_[j]));
-    member_keys_ = quantized_keys::build(kv_view<float>(rows.data(), rows.data(), members_.size(), d_, d_));
+    if (cfg_.token_scan_code == mog_config::scan_code::residual_2bit) {
+      std::vector<index_t> cluster_rows(clusters_ + 1);
+      for (index_t c = 0; c <= clusters_; ++c) cluster_rows[c] = member_begin_[sub_begin_[c]];
+      member_codes_ = residual_codes::build(rows.data(), members_.size(), d_, cluster_rows);
+    } else {
+      member_keys_ = quantized_keys::build(kv_view<float>(rows.data(), rows.data(), members_.size(), d_, d_));
+    }
     scanned_clusters_ = clusters_;
   }
 
@@ -1215,6 +1231,7 @@ class mog_index {
   std::vector<float> variance_fit_;       // [groups]: factor of the variance term (1: the Gaussian's)
   row_matrix probes_;                     // [variance_fit_probes, d]: probe queries, scale included
   quantized_keys member_keys_;            // mog_config::token_scan: 4-bit keys of the built clusters' members
+  residual_codes member_codes_;           // or their 2-bit standardised codes (mog_config::token_scan_code)
   index_t scanned_clusters_ = 0;          // clusters [0, this) have their members in member_keys_
   row_matrix metric_;                     // [d, d] L of the query metric, empty for Euclidean
   index_t n_at_build_ = 0, appended_ = 0, joined_ = 0, built_clusters_ = 0, built_subclusters_ = 0;

@@ -78,10 +78,15 @@ struct mog_clusters {
   // equal bytes read, scanning more members beat reading more tokens on the SmolLM2 dumps
   // and the synthetic cache (docs/log/mog.md, "Refine 8 for the token scan").
   static constexpr double token_scan_refine = 8.0;
-  mog_clusters with_token_scan() const {
+  // With 2-bit codes (mog_config::scan_code::residual_2bit) a scanned member costs 32 bytes
+  // at d = 128 instead of 80: refine 16 read fewer bytes than the 4-bit refine 8 and lowered
+  // p90 at 32K and 128K (docs/log/mog.md, "Cheaper keys for the token scan").
+  static constexpr double token_scan_code_refine = 16.0;
+  mog_clusters with_token_scan(mog_config::scan_code code = mog_config::scan_code::keys_4bit) const {
     mog_clusters s = *this;
     s.config.token_scan = true;
-    s.refine = token_scan_refine;
+    s.config.token_scan_code = code;
+    s.refine = code == mog_config::scan_code::residual_2bit ? token_scan_code_refine : token_scan_refine;
     return s;
   }
 
@@ -372,8 +377,8 @@ struct mog_clusters {
       }
   }
 
-  // mog_config::token_scan: the members of refined clusters that have 4-bit keys are ranked
-  // one by one by their score estimates, the subclusters of other refined clusters (formed
+  // mog_config::token_scan: the members of refined clusters that have 4-bit keys (or 2-bit
+  // codes, mog_config::scan_code) are ranked one by one by their score estimates, the subclusters of other refined clusters (formed
   // by append) by their Gaussians, in one order by largest estimated share of any head
   // (maximin is not applied); a top-p budget stops that order once every head's estimated
   // covered share reaches p (and the floor is met). A scanned subcluster's unread members go
@@ -382,6 +387,8 @@ struct mog_clusters {
                      const std::vector<char>& refined, index_t left, index_t n, selection& out, stats& st) const {
     const index_t heads = q.heads, clusters = idx.clusters(), scanned = idx.scanned_clusters();
     const quantized_keys& keys = idx.member_keys();
+    const residual_codes& codes = idx.member_codes();
+    const bool coded = codes.tokens() > 0;
     std::vector<std::uint32_t> cand;       // subclusters of refined clusters without 4-bit keys
     std::vector<std::uint32_t> scanned_of;  // the refined scanned clusters, in member-row order
     index_t rows = 0;
@@ -398,16 +405,18 @@ struct mog_clusters {
     // member rows one after another.
     thread_local std::vector<float> estimate;
     estimate.resize(heads * rows);
-    const quantized_query prepared = keys.prepare(q);
+    const quantized_query prepared = coded ? quantized_query{} : keys.prepare(q);
     std::vector<float> top(heads, -std::numeric_limits<float>::infinity()), part(heads);  // per head: max estimate
     index_t at = 0;
     for (auto c : scanned_of) {
       const token_range r = member_rows(idx, c);
-      keys.scan(prepared, r.begin, r.end, estimate.data() + at, nullptr, rows, scan_kernel::automatic, part.data());
+      if (coded) codes.scan(q, c, r.begin, r.end, estimate.data() + at, rows, part.data());
+      else keys.scan(prepared, r.begin, r.end, estimate.data() + at, nullptr, rows, scan_kernel::automatic, part.data());
       for (index_t h = 0; h < heads; ++h) top[h] = std::max(top[h], part[h]);
       at += r.size();
     }
-    st.summary_bytes += rows * keys.bytes_per_token() + scanned_of.size() * 2 * sizeof(std::uint32_t);
+    st.summary_bytes += rows * (coded ? codes.bytes_per_token() : keys.bytes_per_token()) +
+                        scanned_of.size() * (2 * sizeof(std::uint32_t) + (coded ? codes.bytes_per_cluster() : 0));
     scores sub = scorer.rows_of(cand, clusters);
     st.summary_bytes += scorer.bytes(cand.size());
 
