@@ -106,20 +106,22 @@ void dense_decode(benchmark::State& state) {
   run(state, est, est.build(h.view()), h.view(), h, cold);
 }
 
-// args: n, g, budget (tokens if > 1, else per mille of n)
-mog make_mog(const head_data& h, std::int64_t budget_arg, bool token_scan = false) {
+// args: n, g, budget (tokens if > 1, else per mille of n); scan_bits 4 or 2: the token
+// scan by 4-bit keys or 2-bit codes (mog_config::scan_code), 0: none.
+mog make_mog(const head_data& h, std::int64_t budget_arg, std::int64_t scan_bits = 0) {
   const budget b = budget_arg > 1000 ? budget::tokens(static_cast<index_t>(budget_arg))
                                      : budget::fraction(static_cast<double>(budget_arg) / 1000.0);
   const auto sel = select::mog_clusters::with_budget(b, h.n);
-  return mog(token_scan ? sel.with_token_scan() : sel, {});
+  if (scan_bits == 0) return mog(sel, {});
+  return mog(sel.with_token_scan(scan_bits == 2 ? mog_config::scan_code::residual_2bit : mog_config::scan_code::keys_4bit), {});
 }
 
 const mog::state& mog_state(const head_data& h, const mog& est, bool clustered) {
-  static std::map<std::tuple<const head_data*, index_t, index_t, bool, bool>, std::unique_ptr<mog::state>> cache;
+  static std::map<std::tuple<const head_data*, index_t, index_t, bool, bool, mog_config::scan_code>, std::unique_ptr<mog::state>> cache;
   static std::mutex m;
   std::lock_guard lock(m);
   const auto& cfg = est.selector().config;
-  auto& slot = cache[{&h, cfg.window, cfg.sinks, clustered, cfg.token_scan}];
+  auto& slot = cache[{&h, cfg.window, cfg.sinks, clustered, cfg.token_scan, cfg.token_scan_code}];
   if (!slot) {
     slot = std::make_unique<mog::state>(est.build(h.view()));
     if (clustered) {  // copy the cache into the clustered order and adopt it
@@ -154,12 +156,12 @@ void mog_decode_clustered_layout(benchmark::State& state) {
   run(state, est, st, h.clustered_view(), h, cold);
 }
 
-// args: n, g, budget, clustered (0/1): mog_config::token_scan (4-bit keys of the clustered
-// tokens, refine 8), in either layout.
+// args: n, g, budget, clustered (0/1), bits (4: 4-bit keys of the clustered tokens, refine 8;
+// 2: 2-bit standardised codes, refine 16): mog_config::token_scan in either layout.
 template <bool cold>
 void mog_decode_token_scan(benchmark::State& state) {
   const auto& h = data(state.range(0), state.range(1));
-  const mog est = make_mog(h, state.range(2), true);
+  const mog est = make_mog(h, state.range(2), state.range(4));
   const bool clustered = state.range(3) != 0;
   const auto& st = mog_state(h, est, clustered);
   run(state, est, st, clustered ? h.clustered_view() : h.view(), h, cold);
@@ -170,12 +172,13 @@ void mog_decode_token_scan(benchmark::State& state) {
 // mog_decode's). The three parts of one cold step timed apart: each starts cold, the other
 // parts' results come from a step outside the timing, so they add up to about one
 // mog_decode_cold step. With a fixed token budget the exact part stays put as N grows and
-// selection plus residual show the summaries' growth (sqrt(N) log N). token_scan: the same
-// with mog_config::token_scan (mog_phase_token_scan_cold).
-template <bool token_scan>
+// selection plus residual show the summaries' growth (sqrt(N) log N). scan_bits 4 / 2: the
+// same with mog_config::token_scan by 4-bit keys (mog_phase_token_scan_cold) or 2-bit codes
+// (mog_phase_token_scan2_cold).
+template <int scan_bits>
 void mog_phase_cold(benchmark::State& state) {
   const auto& h = data(state.range(0), state.range(1));
-  const mog est = make_mog(h, state.range(4), token_scan);
+  const mog est = make_mog(h, state.range(4), scan_bits);
   const bool clustered = state.range(2) != 0;
   const auto& st = mog_state(h, est, clustered);
   const kv_view<half> kv = clustered ? h.clustered_view() : h.view();
@@ -253,13 +256,15 @@ BENCHMARK(mog_decode_clustered_layout<false>)->Name("mog_decode_clustered_layout
     ->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(mog_decode_clustered_layout<true>)->Name("mog_decode_clustered_layout_cold")->Apply([](auto* b) { shapes(b, true); })
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
-BENCHMARK(mog_decode_token_scan<true>)->Name("mog_decode_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {50}, {0, 1}})
+BENCHMARK(mog_decode_token_scan<true>)->Name("mog_decode_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {50}, {0, 1}, {4, 2}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
-BENCHMARK(mog_phase_cold<false>)->Name("mog_phase_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
+BENCHMARK(mog_phase_cold<0>)->Name("mog_phase_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
-BENCHMARK(mog_phase_cold<true>)->Name("mog_phase_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
+BENCHMARK(mog_phase_cold<4>)->Name("mog_phase_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
-BENCHMARK(mog_phase_cold<false>)->Name("mog_phase_cold")->ArgsProduct({{8192, 32768, 131072, 524288}, {1, 4}, {1}, {0, 1, 2}, {2048}})
+BENCHMARK(mog_phase_cold<2>)->Name("mog_phase_token_scan2_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
+    ->Unit(benchmark::kMicrosecond)->Iterations(64);
+BENCHMARK(mog_phase_cold<0>)->Name("mog_phase_cold")->ArgsProduct({{8192, 32768, 131072, 524288}, {1, 4}, {1}, {0, 1, 2}, {2048}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_build)->Args({131072, 1})->Args({131072, 2})->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(mog_append)->Args({32768, 4096})->Args({131072, 16384})->Unit(benchmark::kMillisecond)->Iterations(1);

@@ -43,8 +43,8 @@ TEST_CASE("residual codes: the scan equals the decoded keys' dot products, eleme
     REQUIRE(codes.tokens() == 700);
     REQUIRE(codes.clusters() == 5);
     REQUIRE(codes.bytes() == 700u * ((d + 3) / 4) + 5u * 2 * d * sizeof(float));
-    const auto qd = floe::testing::random_floats(g, 3 * d, 1.f);
-    const auto q = query_group::make(qd.data(), 3, d);
+    const auto qd = floe::testing::random_floats(g, 5 * d, 1.f);  // 5 heads: two passes of the kernel's 4
+    const auto q = query_group::make(qd.data(), 5, d);
     for (index_t c = 0; c < 5; ++c) {
       const index_t first = begin[c], last = begin[c + 1], size = last - first;
       // The cluster's mean and spread, in double.
@@ -56,32 +56,35 @@ TEST_CASE("residual codes: the scan equals the decoded keys' dot products, eleme
         REQUIRE(codes.mean(c)[t] == Approx(mean).margin(1e-5));
         REQUIRE(codes.spread(c)[t] == Approx(size ? std::sqrt(sq / size) : 0.0).margin(1e-5));
       }
-      std::vector<float> center(3 * size + 1, std::numeric_limits<float>::quiet_NaN()), maxima(3);
-      codes.scan(q, c, first, last, center.data(), size, maxima.data());
-      for (index_t h = 0; h < 3; ++h) {
-        float top = -std::numeric_limits<float>::infinity();
-        for (index_t i = first; i < last; ++i) {
-          double dot = 0.0, magnitude = 0.0;
-          for (index_t t = 0; t < d; ++t) {
-            const double x = static_cast<double>(q.scale) * q.row(h)[t], k = codes.decoded(i, c, t);
-            // The element's standardised value lies in the cell of its level.
-            const double sigma = codes.spread(c)[t], level = sigma > 0 ? (k - codes.mean(c)[t]) / sigma : 0.0;
-            dot += x * k, magnitude += std::fabs(x) * (std::fabs(codes.mean(c)[t]) + sigma * std::fabs(level));
-            const double u = sigma > 0 ? (rows[i * d + t] - codes.mean(c)[t]) / sigma : 0.0;
-            if (sigma > 0) {
-              const double lo = level < -1 ? -1e30 : level < 0 ? -residual_codes::split : level < 1 ? 0.0 : residual_codes::split;
-              const double hi = level < -1 ? -residual_codes::split : level < 0 ? 0.0 : level < 1 ? residual_codes::split : 1e30;
-              REQUIRE(u >= lo - 1e-4);
-              REQUIRE(u <= hi + 1e-4);
+      for (const scan_kernel kernel : {scan_kernel::automatic, scan_kernel::portable}) {  // AVX-512 where the CPU has it
+        INFO("cluster " << c << (kernel == scan_kernel::portable ? " portable" : " automatic"));
+        std::vector<float> center(5 * size + 1, std::numeric_limits<float>::quiet_NaN()), maxima(5);
+        codes.scan(q, c, first, last, center.data(), size, maxima.data(), kernel);
+        for (index_t h = 0; h < 5; ++h) {
+          float top = -std::numeric_limits<float>::infinity();
+          for (index_t i = first; i < last; ++i) {
+            double dot = 0.0, magnitude = 0.0;
+            for (index_t t = 0; t < d; ++t) {
+              const double x = static_cast<double>(q.scale) * q.row(h)[t], k = codes.decoded(i, c, t);
+              // The element's standardised value lies in the cell of its level.
+              const double sigma = codes.spread(c)[t], level = sigma > 0 ? (k - codes.mean(c)[t]) / sigma : 0.0;
+              dot += x * k, magnitude += std::fabs(x) * (std::fabs(codes.mean(c)[t]) + sigma * std::fabs(level));
+              const double u = sigma > 0 ? (rows[i * d + t] - codes.mean(c)[t]) / sigma : 0.0;
+              if (sigma > 0) {
+                const double lo = level < -1 ? -1e30 : level < 0 ? -residual_codes::split : level < 1 ? 0.0 : residual_codes::split;
+                const double hi = level < -1 ? -residual_codes::split : level < 0 ? 0.0 : level < 1 ? residual_codes::split : 1e30;
+                REQUIRE(u >= lo - 1e-4);
+                REQUIRE(u <= hi + 1e-4);
+              }
             }
+            const float got = center[h * size + i - first];
+            REQUIRE(std::fabs(got - dot) <= 1e-5 * magnitude + 1e-6);
+            top = std::max(top, got);
           }
-          const float got = center[h * size + i - first];
-          REQUIRE(std::fabs(got - dot) <= 1e-5 * magnitude + 1e-6);
-          top = std::max(top, got);
+          if (size) REQUIRE(maxima[h] == top);
         }
-        if (size) REQUIRE(maxima[h] == top);
+        REQUIRE(std::isnan(center[5 * size]));  // nothing written past the last row
       }
-      REQUIRE(std::isnan(center[3 * size]));  // nothing written past the last row
     }
   }
 }
@@ -148,4 +151,5 @@ TEST_CASE("residual codes: identical keys code exactly, bad input is refused nam
   REQUIRE(argument_of([&] { codes.scan(q, 1, 0, 50, center.data(), 50); }) == "cluster");
   REQUIRE(argument_of([&] { codes.scan(q, 0, 10, 51, center.data(), 50); }) == "range");
   REQUIRE(argument_of([&] { codes.scan(q, 0, 20, 10, center.data(), 50); }) == "range");
+  REQUIRE(argument_of([&] { codes.scan(q, 0, 0, 50, center.data(), 50, nullptr, scan_kernel::avx2); }) == "kernel");
 }

@@ -16,11 +16,13 @@
 #include "floe/core/config.hpp"
 #include "floe/core/error.hpp"
 #include "floe/core/query.hpp"
+#include "floe/index/quantized_scan_kernels.hpp"
 
 namespace floe {
 
 class residual_codes {
  public:
+  static constexpr index_t tile_tokens = 16;  // a tile's codes of element t are one 32-bit word
   // Lloyd-Max quantiser of N(0, 1) with four levels (Max, 1960): cells split at 0 and
   // +-0.9816, each level its cell's mean, so the rounding error is uncorrelated with the level.
   static constexpr float inner_level = 0.4528f, outer_level = 1.5104f, split = 0.9816f;
@@ -43,7 +45,7 @@ class residual_codes {
     out.begin_.assign(cluster_begin.begin(), cluster_begin.end());
     out.mean_.assign(out.clusters_ * d, 0.f);
     out.spread_.assign(out.clusters_ * d, 0.f);
-    out.codes_.assign(n * out.bytes_per_token(), 0);
+    out.codes_.assign((n + tile_tokens - 1) / tile_tokens * d, 0u);
     std::vector<double> sum(d), sq(d);
     for (index_t c = 0; c < out.clusters_; ++c) {
       const index_t first = cluster_begin[c], last = cluster_begin[c + 1];
@@ -89,17 +91,18 @@ class residual_codes {
   }
 
   // For rows [begin, end) of cluster c and every head h: center[h * ld + i - begin] estimates
-  // s q_h . k_i. A non-null `maxima` gets each head's largest estimate.
+  // s q_h . k_i. A non-null `maxima` gets each head's largest estimate. `kernel`: automatic
+  // takes AVX-512 where the CPU has it; portable and avx512_vnni (AVX-512F here) force one.
   void scan(const query_group& q, index_t c, index_t begin, index_t end, float* center, index_t ld,
-            float* maxima = nullptr) const {
+            float* maxima = nullptr, scan_kernel kernel = scan_kernel::automatic) const {
     require(q.d == d_, "query", "dimension ", q.d, " does not match the codes' d = ", d_);
     require(c < clusters_, "cluster", c, " is not one of the ", clusters_, " coded clusters");
     require(begin_[c] <= begin && begin <= end && end <= begin_[c + 1], "range", "[", begin, ", ", end,
             ") is not within cluster ", c, "'s rows [", begin_[c], ", ", begin_[c + 1], ")");
-    const index_t bytes = bytes_per_token(), padded = bytes * 4;
-    thread_local std::vector<float> weight, lane;  // weight: [heads][padded] s q sigma; lane: one row's levels
-    weight.assign(q.heads * padded, 0.f);
-    lane.assign(padded, 0.f);
+    require(kernel != scan_kernel::avx2 && (kernel != scan_kernel::avx512_vnni || avx512_available()), "kernel",
+            "scan kernel ", static_cast<int>(kernel), " is not one this CPU runs for 2-bit codes");
+    thread_local std::vector<float> weight;  // [heads][d]: s q_t sigma_t
+    weight.assign(q.heads * d_, 0.f);
     const float* mu = mean(c);
     const float* sigma = spread(c);
     std::vector<float> base(q.heads);
@@ -107,28 +110,42 @@ class residual_codes {
       double dot = 0.0;
       for (index_t t = 0; t < d_; ++t) {
         const float x = q.scale * q.row(h)[t];
-        weight[h * padded + t] = x * sigma[t];
+        weight[h * d_ + t] = x * sigma[t];
         dot += static_cast<double>(x) * mu[t];
       }
       base[h] = static_cast<float>(dot);
       if (maxima) maxima[h] = -std::numeric_limits<float>::infinity();
     }
-    for (index_t i = begin; i < end; ++i) {
-      const std::uint8_t* row = codes_.data() + i * bytes;
-      for (index_t b = 0; b < bytes; ++b) {
-        const auto& four = byte_levels()[row[b]];
-        std::copy(four.begin(), four.end(), lane.begin() + 4 * b);
-      }
-      for (index_t h = 0; h < q.heads; ++h) {
-        const float* w = weight.data() + h * padded;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};  // four sums: one chain of adds would bound the loop by latency
-        for (index_t t = 0; t < padded; t += 4)
-          for (index_t k = 0; k < 4; ++k) acc[k] += w[t + k] * lane[t + k];
-        const float z = base[h] + ((acc[0] + acc[1]) + (acc[2] + acc[3]));
-        center[h * ld + i - begin] = z;
-        if (maxima) maxima[h] = std::max(maxima[h], z);
+    alignas(64) float lanes[4 * tile_tokens];  // [head of the pass][token of the tile]
+    const bool wide = kernel == scan_kernel::avx512_vnni || (kernel == scan_kernel::automatic && avx512_available());
+    for (index_t tile = begin / tile_tokens; tile * tile_tokens < end; ++tile) {
+      const index_t first = std::max(begin, tile * tile_tokens), last = std::min(end, (tile + 1) * tile_tokens);
+      const std::uint32_t* words = codes_.data() + tile * d_;
+      for (index_t h0 = 0; h0 < q.heads; h0 += 4) {
+        const index_t hn = std::min<index_t>(4, q.heads - h0);
+#ifdef FLOE_QUANTIZED_SCAN_X86
+        if (wide) tile_avx512_heads(words, d_, weight.data() + h0 * d_, hn, lanes);
+        else
+#endif
+          tile_portable(words, d_, weight.data() + h0 * d_, hn, first - tile * tile_tokens, last - tile * tile_tokens, lanes);
+        for (index_t h = 0; h < hn; ++h)
+          for (index_t i = first; i < last; ++i) {
+            const float z = base[h0 + h] + lanes[h * tile_tokens + i - tile * tile_tokens];
+            center[(h0 + h) * ld + i - begin] = z;
+            if (maxima) maxima[h0 + h] = std::max(maxima[h0 + h], z);
+          }
       }
     }
+  }
+
+  // True when this CPU runs the AVX-512 tile kernel.
+  static bool avx512_available() {
+#ifdef FLOE_QUANTIZED_SCAN_X86
+    static const bool yes = __builtin_cpu_supports("avx512f");
+    return yes;
+#else
+    return false;
+#endif
   }
 
  private:
@@ -136,31 +153,64 @@ class residual_codes {
     return static_cast<std::uint8_t>(u < -split ? 0 : u < 0.f ? 1 : u < split ? 2 : 3);
   }
   std::uint8_t code(index_t i, index_t t) const {
-    return static_cast<std::uint8_t>((codes_[i * bytes_per_token() + t / 4] >> (2 * (t % 4))) & 3u);
+    return static_cast<std::uint8_t>((codes_[i / tile_tokens * d_ + t] >> (2 * (i % tile_tokens))) & 3u);
   }
   // A zero spread (every member equal in that element) codes u = 0: the level times 0 adds nothing.
   void encode(const float* key, const float* mu, const float* sigma, index_t i) {
-    std::uint8_t* row = codes_.data() + i * bytes_per_token();
+    std::uint32_t* words = codes_.data() + i / tile_tokens * d_;
+    const unsigned shift = 2 * static_cast<unsigned>(i % tile_tokens);
     for (index_t t = 0; t < d_; ++t) {
       const float u = sigma[t] > 0.f ? (key[t] - mu[t]) / sigma[t] : 0.f;
-      row[t / 4] = static_cast<std::uint8_t>(row[t / 4] | (level_code(u) << (2 * (t % 4))));
+      words[t] |= static_cast<std::uint32_t>(level_code(u)) << shift;
     }
   }
-  // The four levels a code byte stands for, element 4b + k from bits 2k, 2k + 1.
-  static const std::array<std::array<float, 4>, 256>& byte_levels() {
-    static const auto table = [] {
-      std::array<std::array<float, 4>, 256> t{};
-      for (unsigned b = 0; b < 256; ++b)
-        for (unsigned k = 0; k < 4; ++k) t[b][k] = levels[(b >> (2 * k)) & 3u];
-      return t;
-    }();
-    return table;
+
+  // out[h * 16 + j] = sum_t w[h * d + t] level(code of token j, element t), tokens [first, last) of the tile.
+  static void tile_portable(const std::uint32_t* words, index_t d, const float* w, index_t heads, index_t first,
+                            index_t last, float* out) {
+    for (index_t h = 0; h < heads; ++h)
+      for (index_t j = first; j < last; ++j) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};  // four sums: one chain of adds would bound the loop by latency
+        const unsigned shift = 2 * static_cast<unsigned>(j);
+        for (index_t t = 0; t < d; ++t) acc[t % 4] += w[h * d + t] * levels[(words[t] >> shift) & 3u];
+        out[h * tile_tokens + j] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+      }
   }
+
+#ifdef FLOE_QUANTIZED_SCAN_X86
+  // The 16 tokens in lanes: per element, its word shifted by 2j in lane j indexes a table of
+  // 16 levels (entry e = level(e & 3), so the bits above the code need no mask).
+  static void tile_avx512_heads(const std::uint32_t* words, index_t d, const float* w, index_t heads, float* out) {
+    switch (heads) {  // the accumulators stay in registers only with their count known
+      case 1: return tile_avx512<1>(words, d, w, out);
+      case 2: return tile_avx512<2>(words, d, w, out);
+      case 3: return tile_avx512<3>(words, d, w, out);
+      default: return tile_avx512<4>(words, d, w, out);
+    }
+  }
+  template <int heads>
+  __attribute__((target("avx512f"))) static void tile_avx512(const std::uint32_t* words, index_t d, const float* w,
+                                                             float* out) {
+    const __m512i shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512 table = _mm512_setr_ps(levels[0], levels[1], levels[2], levels[3], levels[0], levels[1], levels[2],
+                                        levels[3], levels[0], levels[1], levels[2], levels[3], levels[0], levels[1],
+                                        levels[2], levels[3]);
+    __m512 acc[heads];
+    for (int h = 0; h < heads; ++h) acc[h] = _mm512_setzero_ps();
+    const __mmask16 all = 0xffff;  // masked forms: GCC 12 warns on the unmasked ones' undefined source (PR 105593)
+    for (index_t t = 0; t < d; ++t) {
+      const __m512i idx = _mm512_maskz_srlv_epi32(all, _mm512_set1_epi32(static_cast<int>(words[t])), shifts);
+      const __m512 lv = _mm512_maskz_permutexvar_ps(all, idx, table);
+      for (int h = 0; h < heads; ++h) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * d + t]), lv, acc[h]);
+    }
+    for (int h = 0; h < heads; ++h) _mm512_store_ps(out + h * tile_tokens, acc[h]);
+  }
+#endif
 
   index_t d_ = 0, n_ = 0, clusters_ = 0;
   std::vector<index_t> begin_;      // [clusters + 1] first row of each cluster
   std::vector<float> mean_, spread_;  // [clusters, d]
-  std::vector<std::uint8_t> codes_;   // [n, ceil(d / 4)]: element t in bits 2 (t % 4) of byte t / 4
+  std::vector<std::uint32_t> codes_;  // [tiles of 16 tokens, d]: token j's code of element t in bits 2j, 2j + 1
 };
 
 }  // namespace floe
