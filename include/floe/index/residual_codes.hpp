@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <vector>
@@ -22,11 +23,14 @@ namespace floe {
 
 class residual_codes {
  public:
-  static constexpr index_t tile_tokens = 16;  // a tile's codes of element t are one 32-bit word
+  static constexpr index_t tile_tokens = 16;  // tokens of a tile: the VNNI kernel's lanes
   // Lloyd-Max quantiser of N(0, 1) with four levels (Max, 1960): cells split at 0 and
-  // +-0.9816, each level its cell's mean, so the rounding error is uncorrelated with the level.
-  static constexpr float inner_level = 0.4528f, outer_level = 1.5104f, split = 0.9816f;
-  static constexpr std::array<float, 4> levels{-outer_level, -inner_level, inner_level, outer_level};
+  // +-0.9816, levels +-0.4528 and +-1.5104 (each its cell's mean, so the rounding error is
+  // uncorrelated with the level). Here the levels are 3 and 10 units of 0.15104 (inner
+  // 0.45312, 0.07 % off), so that the VNNI kernel adds them as the integers 0, 7, 13, 20 less 10.
+  static constexpr float level_unit = 0.15104f, split = 0.9816f;
+  static constexpr int level_bias = 10;
+  static constexpr std::array<float, 4> levels{-10 * level_unit, -3 * level_unit, 3 * level_unit, 10 * level_unit};
 
   residual_codes() = default;
 
@@ -45,7 +49,7 @@ class residual_codes {
     out.begin_.assign(cluster_begin.begin(), cluster_begin.end());
     out.mean_.assign(out.clusters_ * d, 0.f);
     out.spread_.assign(out.clusters_ * d, 0.f);
-    out.codes_.assign((n + tile_tokens - 1) / tile_tokens * d, 0u);
+    out.codes_.assign((n + tile_tokens - 1) / tile_tokens * out.blocks() * tile_tokens, 0u);
     std::vector<double> sum(d), sq(d);
     for (index_t c = 0; c < out.clusters_; ++c) {
       const index_t first = cluster_begin[c], last = cluster_begin[c + 1];
@@ -78,7 +82,7 @@ class residual_codes {
   index_t clusters() const { return clusters_; }
   index_t first_row(index_t c) const { return begin_[c]; }
   // Bytes the scan reads: the codes of a token, and a cluster's mean and spread once per scan.
-  index_t bytes_per_token() const { return (d_ + 3) / 4; }
+  index_t bytes_per_token() const { return blocks() * static_cast<index_t>(sizeof(std::uint32_t)); }  // d/4 rounded up to 4
   index_t bytes_per_cluster() const { return 2 * d_ * static_cast<index_t>(sizeof(float)); }
   std::uint64_t bytes() const {
     return static_cast<std::uint64_t>(n_) * bytes_per_token() + static_cast<std::uint64_t>(clusters_) * bytes_per_cluster();
@@ -92,17 +96,21 @@ class residual_codes {
 
   // For rows [begin, end) of cluster c and every head h: center[h * ld + i - begin] estimates
   // s q_h . k_i. A non-null `maxima` gets each head's largest estimate. `kernel`: automatic
-  // takes AVX-512 where the CPU has it; portable and avx512_vnni (AVX-512F here) force one.
+  // takes the AVX-512 VNNI kernel where the CPU has it and FLOE_QUANTIZED_SCAN does not cap
+  // the choice at portable or avx2 (the weights w_t = s q_t sigma_t rounded to int8 per head:
+  // |error| <= step/2 sum_t |level_t|, step = max_t |w_t| / 127), else the portable one
+  // (float weights); portable and avx512_vnni force one.
   void scan(const query_group& q, index_t c, index_t begin, index_t end, float* center, index_t ld,
             float* maxima = nullptr, scan_kernel kernel = scan_kernel::automatic) const {
     require(q.d == d_, "query", "dimension ", q.d, " does not match the codes' d = ", d_);
     require(c < clusters_, "cluster", c, " is not one of the ", clusters_, " coded clusters");
     require(begin_[c] <= begin && begin <= end && end <= begin_[c + 1], "range", "[", begin, ", ", end,
             ") is not within cluster ", c, "'s rows [", begin_[c], ", ", begin_[c + 1], ")");
-    require(kernel != scan_kernel::avx2 && (kernel != scan_kernel::avx512_vnni || avx512_available()), "kernel",
-            "scan kernel ", static_cast<int>(kernel), " is not one this CPU runs for 2-bit codes");
-    thread_local std::vector<float> weight;  // [heads][d]: s q_t sigma_t
-    weight.assign(q.heads * d_, 0.f);
+    require(kernel != scan_kernel::avx2 && (kernel != scan_kernel::avx512_vnni || quantized_tile::vnni_available()),
+            "kernel", "scan kernel ", static_cast<int>(kernel), " is not one this CPU runs for 2-bit codes");
+    const index_t padded = blocks() * block_dims;
+    thread_local std::vector<float> weight;  // [heads][padded]: s q_t sigma_t, zero past d
+    weight.assign(q.heads * padded, 0.f);
     const float* mu = mean(c);
     const float* sigma = spread(c);
     std::vector<float> base(q.heads);
@@ -110,24 +118,48 @@ class residual_codes {
       double dot = 0.0;
       for (index_t t = 0; t < d_; ++t) {
         const float x = q.scale * q.row(h)[t];
-        weight[h * d_ + t] = x * sigma[t];
+        weight[h * padded + t] = x * sigma[t];
         dot += static_cast<double>(x) * mu[t];
       }
       base[h] = static_cast<float>(dot);
       if (maxima) maxima[h] = -std::numeric_limits<float>::infinity();
     }
+    const bool vnni = kernel == scan_kernel::avx512_vnni ||  // automatic: as quantized_keys, FLOE_QUANTIZED_SCAN caps it
+                      (kernel == scan_kernel::automatic && quantized_tile::resolve(kernel) == scan_kernel::avx512_vnni);
+    thread_local std::vector<std::int8_t> codes;  // [heads][padded]: the weights in steps, for the VNNI kernel
+    std::vector<float> step(q.heads, 0.f), offset(q.heads, 0.f);  // z = base + step (dot - 10 sum of codes)
+    if (vnni) {
+      codes.assign(q.heads * padded, 0);
+      for (index_t h = 0; h < q.heads; ++h) {
+        float top = 0.f;
+        for (index_t t = 0; t < d_; ++t) top = std::max(top, std::fabs(weight[h * padded + t]));
+        const float unit = top / 127.f;
+        std::int32_t sum = 0;
+        for (index_t t = 0; t < d_ && unit > 0.f; ++t) {
+          const auto k = static_cast<std::int8_t>(std::clamp(std::nearbyint(weight[h * padded + t] / unit), -127.f, 127.f));
+          codes[h * padded + t] = k;
+          sum += k;
+        }
+        step[h] = unit * level_unit;
+        offset[h] = -static_cast<float>(level_bias) * static_cast<float>(sum);
+      }
+    }
     alignas(64) float lanes[4 * tile_tokens];  // [head of the pass][token of the tile]
-    const bool wide = kernel == scan_kernel::avx512_vnni || (kernel == scan_kernel::automatic && avx512_available());
     for (index_t tile = begin / tile_tokens; tile * tile_tokens < end; ++tile) {
       const index_t first = std::max(begin, tile * tile_tokens), last = std::min(end, (tile + 1) * tile_tokens);
-      const std::uint32_t* words = codes_.data() + tile * d_;
+      const std::uint32_t* words = codes_.data() + tile * blocks() * tile_tokens;
       for (index_t h0 = 0; h0 < q.heads; h0 += 4) {
         const index_t hn = std::min<index_t>(4, q.heads - h0);
 #ifdef FLOE_QUANTIZED_SCAN_X86
-        if (wide) tile_avx512_heads(words, d_, weight.data() + h0 * d_, hn, lanes);
-        else
+        if (vnni) {
+          tile_vnni_heads(words, blocks(), codes.data() + h0 * padded, padded, hn, lanes);
+          for (index_t h = 0; h < hn; ++h)
+            for (index_t j = 0; j < tile_tokens; ++j)
+              lanes[h * tile_tokens + j] = step[h0 + h] * (lanes[h * tile_tokens + j] + offset[h0 + h]);
+        } else
 #endif
-          tile_portable(words, d_, weight.data() + h0 * d_, hn, first - tile * tile_tokens, last - tile * tile_tokens, lanes);
+          tile_portable(words, blocks(), weight.data() + h0 * padded, padded, hn, first - tile * tile_tokens,
+                        last - tile * tile_tokens, lanes);
         for (index_t h = 0; h < hn; ++h)
           for (index_t i = first; i < last; ++i) {
             const float z = base[h0 + h] + lanes[h * tile_tokens + i - tile * tile_tokens];
@@ -138,79 +170,83 @@ class residual_codes {
     }
   }
 
-  // True when this CPU runs the AVX-512 tile kernel.
-  static bool avx512_available() {
-#ifdef FLOE_QUANTIZED_SCAN_X86
-    static const bool yes = __builtin_cpu_supports("avx512f");
-    return yes;
-#else
-    return false;
-#endif
-  }
-
  private:
+  static constexpr index_t block_dims = 16;  // elements of one 32-bit word per token
+  index_t blocks() const { return (d_ + block_dims - 1) / block_dims; }
   static std::uint8_t level_code(float u) {
     return static_cast<std::uint8_t>(u < -split ? 0 : u < 0.f ? 1 : u < split ? 2 : 3);
   }
+  // Element t of a token sits in word t / 16 of its tile, byte t % 4, bits 2 ((t % 16) / 4):
+  // shifting a word right by 2k and masking each byte's low two bits leaves elements
+  // 4k .. 4k + 3 of the block in bytes 0 .. 3, the order of a VNNI dot product.
+  static unsigned bit_of(index_t t) { return static_cast<unsigned>(8 * (t % 4) + 2 * ((t % block_dims) / 4)); }
   std::uint8_t code(index_t i, index_t t) const {
-    return static_cast<std::uint8_t>((codes_[i / tile_tokens * d_ + t] >> (2 * (i % tile_tokens))) & 3u);
+    const std::uint32_t word = codes_[(i / tile_tokens * blocks() + t / block_dims) * tile_tokens + i % tile_tokens];
+    return static_cast<std::uint8_t>((word >> bit_of(t)) & 3u);
   }
   // A zero spread (every member equal in that element) codes u = 0: the level times 0 adds nothing.
   void encode(const float* key, const float* mu, const float* sigma, index_t i) {
-    std::uint32_t* words = codes_.data() + i / tile_tokens * d_;
-    const unsigned shift = 2 * static_cast<unsigned>(i % tile_tokens);
+    std::uint32_t* words = codes_.data() + i / tile_tokens * blocks() * tile_tokens + i % tile_tokens;
     for (index_t t = 0; t < d_; ++t) {
       const float u = sigma[t] > 0.f ? (key[t] - mu[t]) / sigma[t] : 0.f;
-      words[t] |= static_cast<std::uint32_t>(level_code(u)) << shift;
+      words[t / block_dims * tile_tokens] |= static_cast<std::uint32_t>(level_code(u)) << bit_of(t);
     }
   }
 
-  // out[h * 16 + j] = sum_t w[h * d + t] level(code of token j, element t), tokens [first, last) of the tile.
-  static void tile_portable(const std::uint32_t* words, index_t d, const float* w, index_t heads, index_t first,
-                            index_t last, float* out) {
+  // out[h * 16 + j] = sum_t w[h * ld + t] level(code of token j, element t), tokens [first, last) of the tile.
+  static void tile_portable(const std::uint32_t* words, index_t blocks, const float* w, index_t ld, index_t heads,
+                            index_t first, index_t last, float* out) {
     for (index_t h = 0; h < heads; ++h)
       for (index_t j = first; j < last; ++j) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};  // four sums: one chain of adds would bound the loop by latency
-        const unsigned shift = 2 * static_cast<unsigned>(j);
-        for (index_t t = 0; t < d; ++t) acc[t % 4] += w[h * d + t] * levels[(words[t] >> shift) & 3u];
+        for (index_t t = 0; t < blocks * block_dims; ++t)
+          acc[t % 4] += w[h * ld + t] * levels[(words[t / block_dims * tile_tokens + j] >> bit_of(t)) & 3u];
         out[h * tile_tokens + j] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
       }
   }
 
 #ifdef FLOE_QUANTIZED_SCAN_X86
-  // The 16 tokens in lanes: per element, its word shifted by 2j in lane j indexes a table of
-  // 16 levels (entry e = level(e & 3), so the bits above the code need no mask).
-  static void tile_avx512_heads(const std::uint32_t* words, index_t d, const float* w, index_t heads, float* out) {
+  // The 16 tokens in lanes: a block's word shifted by 2k and masked gives four elements' codes
+  // per lane, a byte shuffle turns them into the levels' integers + 10 (0, 7, 13, 20), and
+  // one dpbusd per head adds them times four int8 weights. out: sum_t code_t (level_t + 10) per lane.
+  static void tile_vnni_heads(const std::uint32_t* words, index_t blocks, const std::int8_t* w, index_t ld,
+                              index_t heads, float* out) {
     switch (heads) {  // the accumulators stay in registers only with their count known
-      case 1: return tile_avx512<1>(words, d, w, out);
-      case 2: return tile_avx512<2>(words, d, w, out);
-      case 3: return tile_avx512<3>(words, d, w, out);
-      default: return tile_avx512<4>(words, d, w, out);
+      case 1: return tile_vnni<1>(words, blocks, w, ld, out);
+      case 2: return tile_vnni<2>(words, blocks, w, ld, out);
+      case 3: return tile_vnni<3>(words, blocks, w, ld, out);
+      default: return tile_vnni<4>(words, blocks, w, ld, out);
     }
   }
   template <int heads>
-  __attribute__((target("avx512f"))) static void tile_avx512(const std::uint32_t* words, index_t d, const float* w,
-                                                             float* out) {
-    const __m512i shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512 table = _mm512_setr_ps(levels[0], levels[1], levels[2], levels[3], levels[0], levels[1], levels[2],
-                                        levels[3], levels[0], levels[1], levels[2], levels[3], levels[0], levels[1],
-                                        levels[2], levels[3]);
-    __m512 acc[heads];
-    for (int h = 0; h < heads; ++h) acc[h] = _mm512_setzero_ps();
-    const __mmask16 all = 0xffff;  // masked forms: GCC 12 warns on the unmasked ones' undefined source (PR 105593)
-    for (index_t t = 0; t < d; ++t) {
-      const __m512i idx = _mm512_maskz_srlv_epi32(all, _mm512_set1_epi32(static_cast<int>(words[t])), shifts);
-      const __m512 lv = _mm512_maskz_permutexvar_ps(all, idx, table);
-      for (int h = 0; h < heads; ++h) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * d + t]), lv, acc[h]);
+  __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void tile_vnni(const std::uint32_t* words, index_t blocks,
+                                                                               const std::int8_t* w, index_t ld, float* out) {
+    const __mmask16 all16 = 0xffff;  // masked forms: GCC 12 warns on the unmasked ones' undefined source (PR 105593)
+    const __mmask64 all64 = ~__mmask64{0};
+    const __m512i low_bits = _mm512_set1_epi32(0x03030303);
+    const __m512i table = _mm512_set1_epi32(0x140d0700);  // bytes 0, 7, 13, 20 at the start of every 128-bit lane
+    __m512i acc[heads];
+    for (int h = 0; h < heads; ++h) acc[h] = _mm512_setzero_si512();
+    for (index_t b = 0; b < blocks; ++b) {
+      const __m512i z = _mm512_loadu_si512(words + b * tile_tokens);
+      for (int k = 0; k < 4; ++k) {
+        const __m512i idx = _mm512_and_si512(_mm512_maskz_srli_epi32(all16, z, static_cast<unsigned>(2 * k)), low_bits);
+        const __m512i lv = _mm512_maskz_shuffle_epi8(all64, table, idx);
+        for (int h = 0; h < heads; ++h) {
+          std::int32_t four;
+          std::memcpy(&four, w + h * ld + b * block_dims + 4 * k, sizeof four);
+          acc[h] = _mm512_dpbusd_epi32(acc[h], lv, _mm512_set1_epi32(four));
+        }
+      }
     }
-    for (int h = 0; h < heads; ++h) _mm512_store_ps(out + h * tile_tokens, acc[h]);
+    for (int h = 0; h < heads; ++h) _mm512_store_ps(out + h * tile_tokens, _mm512_maskz_cvtepi32_ps(all16, acc[h]));
   }
 #endif
 
   index_t d_ = 0, n_ = 0, clusters_ = 0;
   std::vector<index_t> begin_;      // [clusters + 1] first row of each cluster
   std::vector<float> mean_, spread_;  // [clusters, d]
-  std::vector<std::uint32_t> codes_;  // [tiles of 16 tokens, d]: token j's code of element t in bits 2j, 2j + 1
+  std::vector<std::uint32_t> codes_;  // [tiles of 16 tokens][blocks of 16 elements][token]: see bit_of
 };
 
 }  // namespace floe
