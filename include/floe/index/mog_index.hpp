@@ -452,7 +452,7 @@ class mog_index {
 
   using cluster_members = std::vector<std::vector<std::uint32_t>>;  // subclusters, each increasing positions
 
-  // The members' keys in member order, 4-bit (mog_config::token_scan).
+  // The members' keys in member order, 4-bit or as 2-bit codes (mog_config::token_scan, token_scan_code).
   void build_token_scan(const row_matrix& keys) {
     member_keys_ = quantized_keys();
     member_codes_ = residual_codes();
@@ -1232,7 +1232,7 @@ class mog_index {
   row_matrix probes_;                     // [variance_fit_probes, d]: probe queries, scale included
   quantized_keys member_keys_;            // mog_config::token_scan: 4-bit keys of the built clusters' members
   residual_codes member_codes_;           // or their 2-bit standardised codes (mog_config::token_scan_code)
-  index_t scanned_clusters_ = 0;          // clusters [0, this) have their members in member_keys_
+  index_t scanned_clusters_ = 0;          // clusters [0, this) have their members in member_keys_ or member_codes_
   row_matrix metric_;                     // [d, d] L of the query metric, empty for Euclidean
   index_t n_at_build_ = 0, appended_ = 0, joined_ = 0, built_clusters_ = 0, built_subclusters_ = 0;
   index_t segment_size_ = 0;  // appended tokens at the last re-partition of the appended segment

@@ -378,10 +378,10 @@ struct mog_clusters {
   }
 
   // mog_config::token_scan: the members of refined clusters that have 4-bit keys (or 2-bit
-  // codes, mog_config::scan_code) are ranked one by one by their score estimates, the subclusters of other refined clusters (formed
-  // by append) by their Gaussians, in one order by largest estimated share of any head
-  // (maximin is not applied); a top-p budget stops that order once every head's estimated
-  // covered share reaches p (and the floor is met). A scanned subcluster's unread members go
+  // codes, mog_config::scan_code) are ranked one by one by their score estimates, the
+  // subclusters of other refined clusters (formed by append) by their Gaussians, in one
+  // order by largest estimated share of any head (maximin is not applied); a top-p budget
+  // stops that order once every head's estimated covered share reaches p (and the floor is met). A scanned subcluster's unread members go
   // to the residual as one group with their summed estimated mass and the subcluster's value mean.
   void select_tokens(const index& idx, const query_group& q, group_scorer& scorer, const scores& cl,
                      const std::vector<char>& refined, index_t left, index_t n, selection& out, stats& st) const {
@@ -389,7 +389,7 @@ struct mog_clusters {
     const quantized_keys& keys = idx.member_keys();
     const residual_codes& codes = idx.member_codes();
     const bool coded = codes.tokens() > 0;
-    std::vector<std::uint32_t> cand;       // subclusters of refined clusters without 4-bit keys
+    std::vector<std::uint32_t> cand;       // subclusters of refined clusters without 4-bit keys or codes
     std::vector<std::uint32_t> scanned_of;  // the refined scanned clusters, in member-row order
     index_t rows = 0;
     for (index_t c = 0; c < clusters; ++c) {
