@@ -142,9 +142,10 @@ TEST_CASE("residual codes: identical keys code exactly, bad input is refused nam
   for (float z : center) REQUIRE(z == Approx(dot).margin(1e-5));
 
   using floe::testing::argument_of;
-  const std::vector<index_t> short_begin{0, 49}, falling{0, 30, 20, 50};
+  const std::vector<index_t> short_begin{0, 49}, falling{0, 30, 20, 50}, past_n{0, 60, 50};
   REQUIRE(argument_of([&] { residual_codes::build(rows.data(), 50, d, short_begin); }) == "cluster_begin");
   REQUIRE(argument_of([&] { residual_codes::build(rows.data(), 50, d, falling); }) == "cluster_begin");
+  REQUIRE(argument_of([&] { residual_codes::build(rows.data(), 50, d, past_n); }) == "cluster_begin");  // no row past n read
   REQUIRE(argument_of([&] { residual_codes::build(rows.data(), 50, 0, begin); }) == "d");
   REQUIRE(argument_of([&] { residual_codes::build(nullptr, 50, d, begin); }) == "rows");
   auto bad = rows;
@@ -153,6 +154,11 @@ TEST_CASE("residual codes: identical keys code exactly, bad input is refused nam
   const std::vector<float> other_d(d + 1, 1.f);
   REQUIRE(argument_of([&] { codes.scan(query_group::make(other_d.data(), 1, d + 1), 0, 0, 50, center.data(), 50); }) == "query");
   REQUIRE(argument_of([&] { codes.scan(q, 1, 0, 50, center.data(), 50); }) == "cluster");
+  auto nan_query = qd;
+  nan_query[5] = std::numeric_limits<float>::quiet_NaN();
+  const auto before = center;
+  REQUIRE(argument_of([&] { codes.scan(query_group::make(nan_query.data(), 1, d), 0, 0, 50, center.data(), 50); }) == "query");
+  REQUIRE(center == before);  // refused before anything is written
   REQUIRE(argument_of([&] { codes.scan(q, 0, 10, 51, center.data(), 50); }) == "range");
   REQUIRE(argument_of([&] { codes.scan(q, 0, 20, 10, center.data(), 50); }) == "range");
   REQUIRE(argument_of([&] { codes.scan(q, 0, 0, 50, center.data(), 50, nullptr, scan_kernel::avx2); }) == "kernel");

@@ -42,6 +42,9 @@ class residual_codes {
     require(!cluster_begin.empty() && cluster_begin.front() == 0 && cluster_begin.back() == n, "cluster_begin",
             "must run from 0 to the ", n, " rows");
     require(n == 0 || rows != nullptr, "rows", "null pointer for ", n, " rows");
+    for (index_t c = 0; c + 1 < cluster_begin.size(); ++c)  // before any row is read: so all lie within [0, n]
+      require(cluster_begin[c] <= cluster_begin[c + 1], "cluster_begin", "decreases at cluster ", c, ": ",
+              cluster_begin[c], " then ", cluster_begin[c + 1]);
     residual_codes out;
     out.d_ = d;
     out.n_ = n;
@@ -53,7 +56,6 @@ class residual_codes {
     std::vector<double> sum(d), sq(d);
     for (index_t c = 0; c < out.clusters_; ++c) {
       const index_t first = cluster_begin[c], last = cluster_begin[c + 1];
-      require(first <= last, "cluster_begin", "decreases at cluster ", c, ": ", first, " then ", last);
       std::fill(sum.begin(), sum.end(), 0.0);
       std::fill(sq.begin(), sq.end(), 0.0);
       for (index_t i = first; i < last; ++i)
@@ -119,11 +121,13 @@ class residual_codes {
       for (index_t t = 0; t < d_; ++t) {
         const float x = q.scale * q.row(h)[t];
         weight[h * padded + t] = x * sigma[t];
+        require(std::isfinite(x) && std::isfinite(weight[h * padded + t]), "query", "head ", h, " element ", t, " is ",
+                q.row(h)[t], ": the scan needs finite s q_t and s q_t sigma_t");
         dot += static_cast<double>(x) * mu[t];
       }
       base[h] = static_cast<float>(dot);
-      if (maxima) maxima[h] = -std::numeric_limits<float>::infinity();
     }
+    if (maxima) std::fill(maxima, maxima + q.heads, -std::numeric_limits<float>::infinity());
     const bool vnni = kernel == scan_kernel::avx512_vnni ||  // automatic: as quantized_keys, FLOE_QUANTIZED_SCAN caps it
                       (kernel == scan_kernel::automatic && quantized_tile::resolve(kernel) == scan_kernel::avx512_vnni);
     thread_local std::vector<std::int8_t> codes;  // [heads][padded]: the weights in steps, for the VNNI kernel
