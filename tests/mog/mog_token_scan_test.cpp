@@ -1,7 +1,8 @@
 // mog_config::token_scan: 4-bit keys (or 2-bit standardised codes, scan_code::residual_2bit)
-// of the clustered tokens, so that the members of refined clusters are ranked one by one. Every token is read or estimated once, unread
-// members carry their scanned mass, a heavy token inside a cluster is read, and clusters
-// formed by append fall back to subclusters. Keys the 4-bit rows cannot hold are refused.
+// of the clustered tokens, so that the members of refined clusters are ranked one by one.
+// Every token is read or estimated once, unread members carry their scanned mass, a heavy
+// token inside a cluster is read, and clusters formed by append fall back to subclusters.
+// Keys the 4-bit rows cannot hold are refused.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

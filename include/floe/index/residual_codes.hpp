@@ -82,7 +82,6 @@ class residual_codes {
   index_t tokens() const { return n_; }
   index_t d() const { return d_; }
   index_t clusters() const { return clusters_; }
-  index_t first_row(index_t c) const { return begin_[c]; }
   // Bytes the scan reads: the codes of a token, and a cluster's mean and spread once per scan.
   index_t bytes_per_token() const { return blocks() * static_cast<index_t>(sizeof(std::uint32_t)); }  // d/4 rounded up to 4
   index_t bytes_per_cluster() const { return 2 * d_ * static_cast<index_t>(sizeof(float)); }
@@ -115,7 +114,8 @@ class residual_codes {
     weight.assign(q.heads * padded, 0.f);
     const float* mu = mean(c);
     const float* sigma = spread(c);
-    std::vector<float> base(q.heads);
+    thread_local std::vector<float> base, step, offset;  // per head; thread_local: the scan runs per cluster each step
+    base.assign(q.heads, 0.f);
     for (index_t h = 0; h < q.heads; ++h) {
       double dot = 0.0;
       for (index_t t = 0; t < d_; ++t) {
@@ -131,7 +131,8 @@ class residual_codes {
     const bool vnni = kernel == scan_kernel::avx512_vnni ||  // automatic: as quantized_keys, FLOE_QUANTIZED_SCAN caps it
                       (kernel == scan_kernel::automatic && quantized_tile::resolve(kernel) == scan_kernel::avx512_vnni);
     thread_local std::vector<std::int8_t> codes;  // [heads][padded]: the weights in steps, for the VNNI kernel
-    std::vector<float> step(q.heads, 0.f), offset(q.heads, 0.f);  // z = base + step (dot - 10 sum of codes)
+    step.assign(q.heads, 0.f);  // z = base + step (dot + offset), offset = -10 sum of codes
+    offset.assign(q.heads, 0.f);
     if (vnni) {
       codes.assign(q.heads * padded, 0);
       for (index_t h = 0; h < q.heads; ++h) {
