@@ -157,7 +157,8 @@ void mog_decode_clustered_layout(benchmark::State& state) {
 }
 
 // args: n, g, budget, clustered (0/1), bits (4: 4-bit keys of the clustered tokens, refine 8;
-// 2: 2-bit standardised codes, refine 16): mog_config::token_scan in either layout.
+// 2: 2-bit standardised codes, refine 16): mog_config::token_scan in either layout. The scan
+// reads about as many bytes again as the exact part: budget 25 (2.5 %) reads about 5 %.
 template <bool cold>
 void mog_decode_token_scan(benchmark::State& state) {
   const auto& h = data(state.range(0), state.range(1));
@@ -256,13 +257,13 @@ BENCHMARK(mog_decode_clustered_layout<false>)->Name("mog_decode_clustered_layout
     ->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(mog_decode_clustered_layout<true>)->Name("mog_decode_clustered_layout_cold")->Apply([](auto* b) { shapes(b, true); })
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
-BENCHMARK(mog_decode_token_scan<true>)->Name("mog_decode_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {50}, {0, 1}, {4, 2}})
+BENCHMARK(mog_decode_token_scan<true>)->Name("mog_decode_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {25, 50}, {0, 1}, {4, 2}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_phase_cold<0>)->Name("mog_phase_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_phase_cold<4>)->Name("mog_phase_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
-BENCHMARK(mog_phase_cold<2>)->Name("mog_phase_token_scan2_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
+BENCHMARK(mog_phase_cold<2>)->Name("mog_phase_token_scan2_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {25, 50}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_phase_cold<0>)->Name("mog_phase_cold")->ArgsProduct({{8192, 32768, 131072, 524288}, {1, 4}, {1}, {0, 1, 2}, {2048}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);

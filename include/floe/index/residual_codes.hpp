@@ -114,7 +114,8 @@ class residual_codes {
     weight.assign(q.heads * padded, 0.f);
     const float* mu = mean(c);
     const float* sigma = spread(c);
-    thread_local std::vector<float> base, step, offset;  // per head; thread_local: the scan runs per cluster each step
+    thread_local std::vector<float> base, step;  // per head; thread_local: the scan runs per cluster each step
+    thread_local std::vector<std::int32_t> offset;
     base.assign(q.heads, 0.f);
     for (index_t h = 0; h < q.heads; ++h) {
       double dot = 0.0;
@@ -127,12 +128,11 @@ class residual_codes {
       }
       base[h] = static_cast<float>(dot);
     }
-    if (maxima) std::fill(maxima, maxima + q.heads, -std::numeric_limits<float>::infinity());
     const bool vnni = kernel == scan_kernel::avx512_vnni ||  // automatic: as quantized_keys, FLOE_QUANTIZED_SCAN caps it
                       (kernel == scan_kernel::automatic && quantized_tile::resolve(kernel) == scan_kernel::avx512_vnni);
     thread_local std::vector<std::int8_t> codes;  // [heads][padded]: the weights in steps, for the VNNI kernel
     step.assign(q.heads, 0.f);  // z = base + step (dot + offset), offset = -10 sum of codes
-    offset.assign(q.heads, 0.f);
+    offset.assign(q.heads, 0);
     if (vnni) {
       codes.assign(q.heads * padded, 0);
       for (index_t h = 0; h < q.heads; ++h) {
@@ -146,37 +146,51 @@ class residual_codes {
           sum += k;
         }
         step[h] = unit * level_unit;
-        offset[h] = -static_cast<float>(level_bias) * static_cast<float>(sum);
+        offset[h] = -level_bias * sum;
       }
     }
+    // Each lane's largest estimate per head, reduced once at the end: a running maximum per
+    // token would chain every store to the next load.
+    thread_local std::vector<float> lane_max;  // [heads][tile_tokens]
+    lane_max.assign(q.heads * tile_tokens, -std::numeric_limits<float>::infinity());
     alignas(64) float lanes[4 * tile_tokens];  // [head of the pass][token of the tile]
     for (index_t tile = begin / tile_tokens; tile * tile_tokens < end; ++tile) {
       const index_t first = std::max(begin, tile * tile_tokens), last = std::min(end, (tile + 1) * tile_tokens);
+      const index_t lo = first - tile * tile_tokens, hi = last - tile * tile_tokens;
       const std::uint32_t* words = codes_.data() + tile * blocks() * tile_tokens;
+      // Codes come cold from memory and a tile's arithmetic is short: ask for a tile ahead.
+      if (tile + prefetch_tiles < codes_.size() / (blocks() * tile_tokens))
+        for (index_t line = 0; line < blocks() * tile_tokens * sizeof(std::uint32_t); line += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(words + prefetch_tiles * blocks() * tile_tokens) + line);
       for (index_t h0 = 0; h0 < q.heads; h0 += 4) {
         const index_t hn = std::min<index_t>(4, q.heads - h0);
+        float* dst = center + h0 * ld + (first - begin);
 #ifdef FLOE_QUANTIZED_SCAN_X86
         if (vnni) {
-          tile_vnni_heads(words, blocks(), codes.data() + h0 * padded, padded, hn, lanes);
-          for (index_t h = 0; h < hn; ++h)
-            for (index_t j = 0; j < tile_tokens; ++j)
-              lanes[h * tile_tokens + j] = step[h0 + h] * (lanes[h * tile_tokens + j] + offset[h0 + h]);
-        } else
+          const tile_output o{step.data() + h0, base.data() + h0, offset.data() + h0, lo, hi, dst, ld, lane_max.data() + h0 * tile_tokens};
+          tile_vnni_heads(words, blocks(), codes.data() + h0 * padded, padded, hn, o);
+          continue;
+        }
 #endif
-          tile_portable(words, blocks(), weight.data() + h0 * padded, padded, hn, first - tile * tile_tokens,
-                        last - tile * tile_tokens, lanes);
-        for (index_t h = 0; h < hn; ++h)
-          for (index_t i = first; i < last; ++i) {
-            const float z = base[h0 + h] + lanes[h * tile_tokens + i - tile * tile_tokens];
-            center[(h0 + h) * ld + i - begin] = z;
-            if (maxima) maxima[h0 + h] = std::max(maxima[h0 + h], z);
+        tile_portable(words, blocks(), weight.data() + h0 * padded, padded, hn, lo, hi, lanes);
+        for (index_t h = 0; h < hn; ++h) {
+          float* m = lane_max.data() + (h0 + h) * tile_tokens;
+          for (index_t j = lo; j < hi; ++j) {
+            const float z = base[h0 + h] + lanes[h * tile_tokens + j];
+            dst[h * ld + j - lo] = z;
+            m[j] = std::max(m[j], z);
           }
+        }
       }
     }
+    if (maxima)
+      for (index_t h = 0; h < q.heads; ++h)
+        maxima[h] = *std::max_element(lane_max.begin() + h * tile_tokens, lane_max.begin() + (h + 1) * tile_tokens);
   }
 
  private:
   static constexpr index_t block_dims = 16;  // elements of one 32-bit word per token
+  static constexpr index_t prefetch_tiles = 8;  // how far ahead the scan asks for codes (4 KiB at d = 128)
   index_t blocks() const { return (d_ + block_dims - 1) / block_dims; }
   static std::uint8_t level_code(float u) {
     return static_cast<std::uint8_t>(u < -split ? 0 : u < 0.f ? 1 : u < split ? 2 : 3);
@@ -211,27 +225,39 @@ class residual_codes {
   }
 
 #ifdef FLOE_QUANTIZED_SCAN_X86
+  // Where a tile's estimates go: z = base + step (dot + offset) for lanes [lo, hi) of each head
+  // of the pass, stored at dst[h * ld + lane - lo], and each lane's maximum kept in max[h * 16 + lane].
+  struct tile_output {
+    const float* step;
+    const float* base;
+    const std::int32_t* offset;
+    index_t lo, hi;
+    float* dst;
+    index_t ld;
+    float* max;
+  };
   // The 16 tokens in lanes: a block's word shifted by 2k and masked gives four elements' codes
   // per lane, a byte shuffle turns them into the levels' integers + 10 (0, 7, 13, 20), and
-  // one dpbusd per head adds them times four int8 weights. out: sum_t code_t (level_t + 10) per lane.
+  // one dpbusd per head adds them times four int8 weights (dot: sum_t w_t (level_t + 10) per lane).
   static void tile_vnni_heads(const std::uint32_t* words, index_t blocks, const std::int8_t* w, index_t ld,
-                              index_t heads, float* out) {
+                              index_t heads, const tile_output& o) {
     switch (heads) {  // the accumulators stay in registers only with their count known
-      case 1: return tile_vnni<1>(words, blocks, w, ld, out);
-      case 2: return tile_vnni<2>(words, blocks, w, ld, out);
-      case 3: return tile_vnni<3>(words, blocks, w, ld, out);
-      default: return tile_vnni<4>(words, blocks, w, ld, out);
+      case 1: return tile_vnni<1>(words, blocks, w, ld, o);
+      case 2: return tile_vnni<2>(words, blocks, w, ld, o);
+      case 3: return tile_vnni<3>(words, blocks, w, ld, o);
+      default: return tile_vnni<4>(words, blocks, w, ld, o);
     }
   }
   template <int heads>
   __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void tile_vnni(const std::uint32_t* words, index_t blocks,
-                                                                               const std::int8_t* w, index_t ld, float* out) {
+                                                                               const std::int8_t* w, index_t ld,
+                                                                               const tile_output& o) {
     const __mmask16 all16 = 0xffff;  // masked forms: GCC 12 warns on the unmasked ones' undefined source (PR 105593)
     const __mmask64 all64 = ~__mmask64{0};
     const __m512i low_bits = _mm512_set1_epi32(0x03030303);
     const __m512i table = _mm512_set1_epi32(0x140d0700);  // bytes 0, 7, 13, 20 at the start of every 128-bit lane
-    __m512i acc[heads];
-    for (int h = 0; h < heads; ++h) acc[h] = _mm512_setzero_si512();
+    __m512i acc[heads][2];  // two chains a head: one chain of dpbusd would bound a head by its latency
+    for (int h = 0; h < heads; ++h) acc[h][0] = acc[h][1] = _mm512_setzero_si512();
     for (index_t b = 0; b < blocks; ++b) {
       const __m512i z = _mm512_loadu_si512(words + b * tile_tokens);
       for (int k = 0; k < 4; ++k) {
@@ -240,11 +266,20 @@ class residual_codes {
         for (int h = 0; h < heads; ++h) {
           std::int32_t four;
           std::memcpy(&four, w + h * ld + b * block_dims + 4 * k, sizeof four);
-          acc[h] = _mm512_dpbusd_epi32(acc[h], lv, _mm512_set1_epi32(four));
+          acc[h][k & 1] = _mm512_dpbusd_epi32(acc[h][k & 1], lv, _mm512_set1_epi32(four));
         }
       }
     }
-    for (int h = 0; h < heads; ++h) _mm512_store_ps(out + h * tile_tokens, _mm512_maskz_cvtepi32_ps(all16, acc[h]));
+    const auto valid = static_cast<__mmask16>((0xffffu >> (tile_tokens - (o.hi - o.lo))) << o.lo);
+    const auto low = static_cast<__mmask16>(0xffffu >> (tile_tokens - (o.hi - o.lo)));
+    for (int h = 0; h < heads; ++h) {
+      const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(acc[h][0], acc[h][1]), _mm512_set1_epi32(o.offset[h]));
+      const __m512 est = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(all16, dot), _mm512_set1_ps(o.step[h]), _mm512_set1_ps(o.base[h]));
+      float* m = o.max + h * tile_tokens;
+      _mm512_storeu_ps(m, _mm512_mask_max_ps(_mm512_loadu_ps(m), valid, _mm512_loadu_ps(m), est));
+      if (valid == all16) _mm512_storeu_ps(o.dst + h * o.ld, est);
+      else _mm512_mask_storeu_ps(o.dst + h * o.ld, low, _mm512_maskz_compress_ps(valid, est));  // lanes lo.. to dst[0..]
+    }
   }
 #endif
 
