@@ -154,11 +154,12 @@ class residual_codes {
     thread_local std::vector<float> lane_max;  // [heads][tile_tokens]
     lane_max.assign(q.heads * tile_tokens, -std::numeric_limits<float>::infinity());
     alignas(64) float lanes[4 * tile_tokens];  // [head of the pass][token of the tile]
-    for (index_t tile = begin / tile_tokens; tile * tile_tokens < end; ++tile) {
+    // An empty range writes nothing (not even a pointer into `center` is formed).
+    for (index_t tile = begin / tile_tokens; begin < end && tile * tile_tokens < end; ++tile) {
       const index_t first = std::max(begin, tile * tile_tokens), last = std::min(end, (tile + 1) * tile_tokens);
       const index_t lo = first - tile * tile_tokens, hi = last - tile * tile_tokens;
       const std::uint32_t* words = codes_.data() + tile * blocks() * tile_tokens;
-      // Codes come cold from memory and a tile's arithmetic is short: ask for a tile ahead.
+      // Codes come cold from memory and a tile's arithmetic is short: ask for them prefetch_tiles ahead.
       if (tile + prefetch_tiles < codes_.size() / (blocks() * tile_tokens))
         for (index_t line = 0; line < blocks() * tile_tokens * sizeof(std::uint32_t); line += 64)
           __builtin_prefetch(reinterpret_cast<const char*>(words + prefetch_tiles * blocks() * tile_tokens) + line);
@@ -167,7 +168,8 @@ class residual_codes {
         float* dst = center + h0 * ld + (first - begin);
 #ifdef FLOE_QUANTIZED_SCAN_X86
         if (vnni) {
-          const tile_output o{step.data() + h0, base.data() + h0, offset.data() + h0, lo, hi, dst, ld, lane_max.data() + h0 * tile_tokens};
+          const tile_output o{step.data() + h0, base.data() + h0, offset.data() + h0, lo, hi,
+                              dst, ld, lane_max.data() + h0 * tile_tokens};
           tile_vnni_heads(words, blocks(), codes.data() + h0 * padded, padded, hn, o);
           continue;
         }
@@ -274,7 +276,8 @@ class residual_codes {
     const auto low = static_cast<__mmask16>(0xffffu >> (tile_tokens - (o.hi - o.lo)));
     for (int h = 0; h < heads; ++h) {
       const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(acc[h][0], acc[h][1]), _mm512_set1_epi32(o.offset[h]));
-      const __m512 est = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(all16, dot), _mm512_set1_ps(o.step[h]), _mm512_set1_ps(o.base[h]));
+      const __m512 est =
+          _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(all16, dot), _mm512_set1_ps(o.step[h]), _mm512_set1_ps(o.base[h]));
       float* m = o.max + h * tile_tokens;
       _mm512_storeu_ps(m, _mm512_mask_max_ps(_mm512_loadu_ps(m), valid, _mm512_loadu_ps(m), est));
       if (valid == all16) _mm512_storeu_ps(o.dst + h * o.ld, est);
