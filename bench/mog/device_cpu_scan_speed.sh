@@ -22,7 +22,7 @@ for round in 1 2; do
     --benchmark_out="$out/round$round.json" >/dev/null
 done
 python3 - "$out"/round1.json "$out"/round2.json <<'PY'
-import json, sys, re
+import json, sys
 rounds = [json.load(open(p))["benchmarks"] for p in sys.argv[1:]]
 names = [b["name"].replace("/iterations:64", "") for b in rounds[0]]
 print(f"{'case (µs per step; x dense of the same g, same round)':60s}" + "".join(f"{'round ' + str(i + 1):>22s}" for i in range(len(rounds))))

@@ -131,9 +131,9 @@ class residual_codes {
     const bool vnni = kernel == scan_kernel::avx512_vnni ||  // automatic: as quantized_keys, FLOE_QUANTIZED_SCAN caps it
                       (kernel == scan_kernel::automatic && quantized_tile::resolve(kernel) == scan_kernel::avx512_vnni);
     thread_local std::vector<std::int8_t> codes;  // [heads][padded]: the weights in steps, for the VNNI kernel
-    step.assign(q.heads, 0.f);  // z = base + step (dot + offset), offset = -10 sum of codes
-    offset.assign(q.heads, 0);
     if (vnni) {
+      step.assign(q.heads, 0.f);  // z = base + step (dot + offset), offset = -10 sum of codes
+      offset.assign(q.heads, 0);
       codes.assign(q.heads * padded, 0);
       for (index_t h = 0; h < q.heads; ++h) {
         float top = 0.f;
@@ -154,13 +154,14 @@ class residual_codes {
     thread_local std::vector<float> lane_max;  // [heads][tile_tokens]
     lane_max.assign(q.heads * tile_tokens, -std::numeric_limits<float>::infinity());
     alignas(64) float lanes[4 * tile_tokens];  // [head of the pass][token of the tile]
+    const index_t tiles = codes_.size() / (blocks() * tile_tokens);
     // An empty range writes nothing (not even a pointer into `center` is formed).
     for (index_t tile = begin / tile_tokens; begin < end && tile * tile_tokens < end; ++tile) {
       const index_t first = std::max(begin, tile * tile_tokens), last = std::min(end, (tile + 1) * tile_tokens);
       const index_t lo = first - tile * tile_tokens, hi = last - tile * tile_tokens;
       const std::uint32_t* words = codes_.data() + tile * blocks() * tile_tokens;
       // Codes come cold from memory and a tile's arithmetic is short: ask for them prefetch_tiles ahead.
-      if (tile + prefetch_tiles < codes_.size() / (blocks() * tile_tokens))
+      if (tile + prefetch_tiles < tiles)
         for (index_t line = 0; line < blocks() * tile_tokens * sizeof(std::uint32_t); line += 64)
           __builtin_prefetch(reinterpret_cast<const char*>(words + prefetch_tiles * blocks() * tile_tokens) + line);
       for (index_t h0 = 0; h0 < q.heads; h0 += 4) {
