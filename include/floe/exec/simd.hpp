@@ -20,6 +20,7 @@
 #include "floe/exec/simd/arch.hpp"
 #include "floe/exec/simd/kernel_api.hpp"
 #include "floe/exec/simd/pool_order.hpp"
+#include "floe/exec/simd/staged_rows.hpp"
 #include "floe/exec/simd/work_split.hpp"
 #include "floe/exec/thread_pool.hpp"
 
@@ -30,6 +31,7 @@ struct simd_options {
   parallel_for_fn parallel_for = serial_for;  // the engine's threads, or thread_pool::hook()
   index_t concurrency = 1;                    // bodies parallel_for runs at once; 1 disables split-K
   index_t min_split_tokens = 2048;            // split-K never makes a piece shorter than this
+  bool stage_short_runs = true;               // copy scattered rows together before attending (staged_rows.hpp)
 };
 
 class simd : public batch_decoder<simd> {
@@ -285,7 +287,10 @@ class simd : public batch_decoder<simd> {
     const simd_detail::row_run<const T*> none{nullptr, nullptr, 0};
     for_run_batches<true>(kv, ranges, [&](const simd_detail::row_run<T>* runs, index_t count, index_t tokens) {
       left -= tokens;
-      kernel.attend(args, runs, count, state, left == 0 ? after : none);
+      if (opt_.stage_short_runs && simd_detail::worth_staging(count, tokens))
+        simd_detail::attend_staged(kernel, args, runs, count, tokens, state, left == 0 ? after : none);
+      else
+        kernel.attend(args, runs, count, state, left == 0 ? after : none);
     });
   }
 
