@@ -13,15 +13,17 @@ mkdir -p "$out"
 #     -DFLOE_BUILD_TESTS=OFF -DFLOE_BUILD_EXAMPLES=OFF -DFLOE_CUDA=OFF
 #   cmake --build build/device --target mog_bench
 #   mkdir -p build/device/lib && cp /usr/lib/x86_64-linux-gnu/libbenchmark.so.1.7.1 build/device/lib/libbenchmark.so.1debian
-# (run with carry: build/device/bench/mog/mog_bench, build/device/lib).
+# (run with carry: build/device/bench/mog/mog_bench, build/device/lib). BENCH, FILTER and
+# ROUNDS (default 2) override the binary, the benchmark filter and the number of rounds.
 bench=${BENCH:-build/device/bench/mog/mog_bench}
 export LD_LIBRARY_PATH=build/device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-filter='^(dense_decode_cold/131072/[14]/|mog_decode_cold/131072/[14]/50/|mog_decode_clustered_layout_cold/131072/[14]/50/|mog_decode_token_scan_cold/131072/[14]/(25|50)/[01]/[42]/|mog_phase_token_scan2?_cold/131072/[14]/0/0/(25|50)/)'
-for round in 1 2; do
+filter=${FILTER:-'^(dense_decode_cold/131072/[14]/|mog_decode_cold/131072/[14]/50/|mog_decode_clustered_layout_cold/131072/[14]/50/|mog_decode_token_scan_cold/131072/[14]/(25|50)/[01]/[42]/|mog_phase_token_scan2?_cold/131072/[14]/0/0/(25|50)/)'}
+rounds=${ROUNDS:-2}
+for round in $(seq "$rounds"); do
   "$bench" --benchmark_filter="$filter" --benchmark_format=json \
     --benchmark_out="$out/round$round.json" >/dev/null
 done
-python3 - "$out"/round1.json "$out"/round2.json <<'PY'
+python3 - $(seq -f "$out/round%g.json" "$rounds") <<'PY'
 import json, sys
 rounds = [json.load(open(p))["benchmarks"] for p in sys.argv[1:]]
 names = [b["name"].replace("/iterations:64", "") for b in rounds[0]]
