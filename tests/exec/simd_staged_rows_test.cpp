@@ -39,7 +39,7 @@ TEMPLATE_TEST_CASE("simd attend gives the same bits with short runs staged or re
   INFO("arch " << floe::simd_arch_name(arch) << " d " << d << " dv " << dv << " pad " << pad << " block " << block
                << " threads " << threads << " runs " << ranges.size());
   floe::thread_pool pool(threads);
-  floe::exec::simd_options staged_opt{arch, pool.hook(), threads, 2048};
+  floe::exec::simd_options staged_opt{arch, pool.hook(), threads, 256};  // 2 threads: split-K pieces
   floe::exec::simd_options in_place_opt = staged_opt;
   in_place_opt.stage_short_runs = false;
   const floe::exec::simd staged(staged_opt), in_place(in_place_opt);
