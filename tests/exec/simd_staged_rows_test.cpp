@@ -1,6 +1,6 @@
 // Short runs of rows are copied together before the kernel reads them
 // (simd_options::stage_short_runs, floe/exec/simd/staged_rows.hpp). The copy must change no
-// value: staged and unstaged results agree bit for bit, and both match the scalar reference.
+// value: staged and unstaged results agree bit for bit, and the staged one matches the scalar reference.
 #include <catch2/catch.hpp>
 
 #include <cstring>

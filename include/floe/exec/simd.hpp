@@ -200,10 +200,6 @@ class simd : public batch_decoder<simd> {
     simd_detail::row_run<T>* runs[2] = {storage.data(), storage.data() + capacity};
     index_t used = 0, tokens = 0, ready = 0, ready_tokens = 0, cur = 0;
     const index_t key_bytes = kv.d() * index_t{sizeof(T)}, value_bytes = kv.dv() * index_t{sizeof(T)};
-    auto ask = [&](const T* row, index_t bytes) {
-      const char* p = reinterpret_cast<const char*>(row);
-      for (index_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
-    };
     auto hand_over = [&] {  // prefetch the start of the batch just filled, flush the one before it
       // Up to 4 rows of each run, at most 256 rows; one tile when the runs are single rows
       // (a longer burst of scattered rows stalls the batch before it).
@@ -211,8 +207,8 @@ class simd : public batch_decoder<simd> {
       index_t asked = 0;
       for (index_t r = 0; r < used && asked < rows_asked; ++r)
         for (index_t t = 0; t < std::min(runs[cur][r].count, rows_ahead) && asked < rows_asked; ++t, ++asked) {
-          ask(runs[cur][r].keys + t * kv.key_stride(), key_bytes);
-          ask(runs[cur][r].values + t * kv.value_stride(), value_bytes);
+          simd_detail::prefetch_row<2>(runs[cur][r].keys + t * kv.key_stride(), key_bytes);
+          simd_detail::prefetch_row<2>(runs[cur][r].values + t * kv.value_stride(), value_bytes);
         }
       if (ready) flush(runs[cur ^ 1], ready, ready_tokens);
       ready = used;

@@ -21,10 +21,12 @@ inline constexpr index_t staged_chunk_bytes = 128 << 10;
 // Rows a copy asks for ahead of the one it copies.
 inline constexpr index_t staged_rows_ahead = 16;
 
-template <class T>
+// Asks for the lines of a row: Locality 3 (into L1) right before a copy, 2 (L2) for the
+// driver's requests a batch ahead. The kernels have their own (attend_kernel.hpp: ODR).
+template <int Locality, class T>
 inline __attribute__((always_inline)) void prefetch_row(const T* row, index_t bytes) {
   const char* p = reinterpret_cast<const char*>(row);
-  for (index_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+  for (index_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, Locality);
 }
 
 // 64 bytes at a time where it can (one vector move each, no library call per row).
@@ -73,8 +75,8 @@ void attend_staged(const typed_kernels<T>& kernel, const group_args& args, const
     const index_t m = std::min(chunk, tokens - begin);
     for (index_t i = 0; i < m; ++i) {
       if (const index_t a = begin + i + staged_rows_ahead; a < tokens) {
-        prefetch_row(keys[a], key_bytes);
-        prefetch_row(values[a], value_bytes);
+        prefetch_row<3>(keys[a], key_bytes);
+        prefetch_row<3>(values[a], value_bytes);
       }
       copy_row(staged_keys + i * d, keys[begin + i], key_bytes);
       copy_row(staged_values + i * dv, values[begin + i], value_bytes);
