@@ -11,9 +11,12 @@
 // bench/topk/topk_decode_bench.cpp does. The KV caches (both layouts) sit on transparent
 // huge pages, as engines allocate them (FLOE_BENCH_HUGE_PAGES=0: 4 KiB pages).
 // mog_phase_cold times the selector, the exact part and the residual of one step apart.
+// FLOE_BENCH_THREADS (default 1): threads of the executor every step runs on (dense splits
+// over N; MoG splits its exact part and its token scan).
 // docs/methods/mog.md has the command and the figures.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -72,6 +75,15 @@ const head_data& data(index_t n, index_t g) {
   return *slot;
 }
 
+const exec::simd& executor() {
+  static thread_pool pool([] {
+    const char* v = std::getenv("FLOE_BENCH_THREADS");
+    return v ? std::max<index_t>(1, std::strtol(v, nullptr, 10)) : index_t{1};
+  }());
+  static const exec::simd exec(pool);
+  return exec;
+}
+
 // Sets bytes and tokens counters per decode call (one GQA group).
 void report(benchmark::State& state, const stats& s, index_t calls, const head_data& h) {
   const double c = static_cast<double>(calls);
@@ -84,7 +96,7 @@ void report(benchmark::State& state, const stats& s, index_t calls, const head_d
 template <class Est, KvView KV>
 void run(benchmark::State& state, const Est& est, const typename Est::state& st, const KV& kv, const head_data& h,
          bool cold) {
-  const exec::simd exec;
+  const exec::simd& exec = executor();
   std::vector<float> out(h.g * h.d);
   stats s;
   index_t calls = 0;
@@ -95,6 +107,7 @@ void run(benchmark::State& state, const Est& est, const typename Est::state& st,
     ++calls;
   }
   report(state, s, calls, h);
+  state.counters["threads"] = static_cast<double>(exec.concurrency());
   state.counters["cold_MiB"] = cold ? static_cast<double>(floe::bench::cold_mib()) : 0.0;
 }
 
@@ -183,7 +196,7 @@ void mog_phase_cold(benchmark::State& state) {
   const bool clustered = state.range(2) != 0;
   const auto& st = mog_state(h, est, clustered);
   const kv_view<half> kv = clustered ? h.clustered_view() : h.view();
-  const exec::simd exec;
+  const exec::simd& exec = executor();
   select::mog_clusters::selection sel;
   stats s;
   index_t calls = 0;
@@ -261,7 +274,7 @@ BENCHMARK(mog_decode_token_scan<true>)->Name("mog_decode_token_scan_cold")->Args
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_phase_cold<0>)->Name("mog_phase_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
-BENCHMARK(mog_phase_cold<4>)->Name("mog_phase_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {50}})
+BENCHMARK(mog_phase_cold<4>)->Name("mog_phase_token_scan_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {25, 50}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);
 BENCHMARK(mog_phase_cold<2>)->Name("mog_phase_token_scan2_cold")->ArgsProduct({{131072}, {1, 4}, {0, 1}, {0, 1, 2}, {25, 50}})
     ->Unit(benchmark::kMicrosecond)->Iterations(64);

@@ -2,15 +2,19 @@
 // of the clustered tokens, so that the members of refined clusters are ranked one by one.
 // Every token is read or estimated once, unread members carry their scanned mass, a heavy
 // token inside a cluster is read, and clusters formed by append fall back to subclusters.
-// Keys the 4-bit rows cannot hold are refused.
+// Keys the 4-bit rows cannot hold are refused. A scan split over an executor's threads
+// chooses what one thread does.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "floe/exec/thread_pool.hpp"
 #include "mog/mog_support.hpp"
 
 using namespace floe;
@@ -352,4 +356,61 @@ TEST_CASE("mog token scan: a top-p budget stops the token order once the mass is
     REQUIRE(count(budget::top_p(0.99, 0, 100), q).first <= 100);
   }
   REQUIRE(stopped_early >= 2);
+}
+
+namespace {
+
+// The scalar executor lending a pool's threads (LendsThreads), counting the bodies it runs.
+struct lending_scalar : exec::scalar {
+  thread_pool* pool = nullptr;
+  std::atomic<index_t>* bodies = nullptr;
+  index_t concurrency() const { return pool->size(); }
+  void parallel_for(index_t n, const std::function<void(index_t)>& body) const {
+    *bodies += n;
+    pool->hook()(n, body);
+  }
+};
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("mog token scan: split over an executor's threads, selection and output are those of one thread", "[mog]") {
+  INFO("seed " << floe::testing::seed());
+  const scan_code code = GENERATE(scan_code::keys_4bit, scan_code::residual_2bit);
+  INFO(name_of(code));
+  auto g = floe::testing::rng(747);
+  random_kv<half> kv(g, 12000, 64, 32);
+  floe::testing::make_clustered(kv, g, 40);
+  const floe::testing::mog est(scanning(budget::fraction(0.2), {}, code), {});  // refined: over 2 x 4096 rows
+  const auto state = est.build(kv.view());
+  thread_pool pool(3);
+  std::atomic<index_t> bodies{0};
+  const lending_scalar lending{{}, &pool, &bodies};
+  for (int step = 0; step < 4; ++step) {
+    INFO("step " << step);
+    const auto qd = floe::testing::random_floats(g, 4 * 64, 2.f);
+    const auto q = query_group::make(qd.data(), 4, 64);
+    select::mog_clusters::selection one, split;
+    stats s1, s2;
+    const index_t before = bodies;
+    est.selector().select(state.selector_index, kv.view(), q, exec::scalar{}, one, s1);
+    est.selector().select(state.selector_index, kv.view(), q, lending, split, s2);
+    REQUIRE(bodies - before >= 2);  // the scan (thousands of rows) did split
+    REQUIRE(one.ranges.size() == split.ranges.size());
+    for (index_t i = 0; i < one.ranges.size(); ++i) {
+      REQUIRE(one.ranges[i].begin == split.ranges[i].begin);
+      REQUIRE(one.ranges[i].end == split.ranges[i].end);
+    }
+    REQUIRE(one.residual_groups == split.residual_groups);
+    REQUIRE(same_bits(one.residual_log_mass, split.residual_log_mass));
+    REQUIRE(s1.summary_bytes == s2.summary_bytes);
+    std::vector<float> out1(4 * 32), out2(4 * 32);
+    est.decode(state, kv.view(), q, exec::scalar{}, output_group<float>{out1.data(), 4, 32, 0}, s1);
+    est.decode(state, kv.view(), q, lending, output_group<float>{out2.data(), 4, 32, 0}, s2);
+    REQUIRE(same_bits(out1, out2));
+  }
 }

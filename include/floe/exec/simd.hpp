@@ -55,6 +55,9 @@ class simd : public batch_decoder<simd> {
 
   simd_arch arch() const { return kernels_->target; }
   const simd_options& options() const { return opt_; }
+  // The caller's threads, lent to policies that split work of their own (LendsThreads).
+  index_t concurrency() const { return opt_.concurrency; }
+  void parallel_for(index_t n, const std::function<void(index_t)>& body) const { opt_.parallel_for(n, body); }
 
   // z[i - r.begin] = scale * q_head . k_i for i in r.
   template <KvView KV>

@@ -23,6 +23,7 @@
 #include "floe/core/query.hpp"
 #include "floe/core/selection.hpp"
 #include "floe/core/stats.hpp"
+#include "floe/exec/parallel.hpp"
 #include "floe/index/mog_index.hpp"
 #include "floe/select/scorers/middle_ranking.hpp"
 
@@ -82,6 +83,9 @@ struct mog_clusters {
   // at d = 128 instead of 80: refine 16 read fewer bytes than the 4-bit refine 8 and lowered
   // p90 at 32K and 128K (docs/log/mog.md, "Cheaper keys for the token scan").
   static constexpr double token_scan_code_refine = 16.0;
+  // Scanned rows per piece when the scan splits over the executor's threads: a piece of
+  // 4096 rows takes 10-20 us, well over a hand-off (docs/methods/mog.md, "Token scan").
+  static constexpr index_t scan_piece_rows = 4096;
   mog_clusters with_token_scan(mog_config::scan_code code = mog_config::scan_code::keys_4bit) const {
     mog_clusters s = *this;
     s.config.token_scan = true;
@@ -96,7 +100,7 @@ struct mog_clusters {
   // One selection shared by the g query heads of the group: a group's priority is the
   // largest share of estimated mass it has for any head.
   template <KvView KV, class Exec>
-  void select(const index& idx, const KV& kv, const query_group& q, const Exec&, selection& out, stats& st) const {
+  void select(const index& idx, const KV& kv, const query_group& q, const Exec& exec, selection& out, stats& st) const {
     out.clear();
     out.source = &idx;
     out.heads = q.heads;
@@ -142,7 +146,7 @@ struct mog_clusters {
         },
         maximin);
 
-    if (idx.scanned_clusters() > 0) return select_tokens(idx, q, scorer, cl, refined, left, n, out, st);
+    if (idx.scanned_clusters() > 0) return select_tokens(idx, q, scorer, cl, refined, left, n, exec, out, st);
 
     // Subclusters of refined clusters, normalised against the refined partition.
     std::vector<std::uint32_t> cand;
@@ -383,8 +387,10 @@ struct mog_clusters {
   // order by largest estimated share of any head (maximin is not applied); a top-p budget
   // stops that order once every head's estimated covered share reaches p (and the floor is met). A scanned subcluster's unread members go
   // to the residual as one group with their summed estimated mass and the subcluster's value mean.
+  template <class Exec>
   void select_tokens(const index& idx, const query_group& q, group_scorer& scorer, const scores& cl,
-                     const std::vector<char>& refined, index_t left, index_t n, selection& out, stats& st) const {
+                     const std::vector<char>& refined, index_t left, index_t n, const Exec& exec, selection& out,
+                     stats& st) const {
     const index_t heads = q.heads, clusters = idx.clusters(), scanned = idx.scanned_clusters();
     const quantized_keys& keys = idx.member_keys();
     const residual_codes& codes = idx.member_codes();
@@ -402,19 +408,34 @@ struct mog_clusters {
       rows += member_rows(idx, c).size();
     }
     // Score estimates [heads, rows], scanned straight into place: the k-th scanned cluster's
-    // member rows one after another.
+    // member rows one after another. Long scans split over the executor's threads, in
+    // pieces of whole clusters (each row's estimate is the same whichever thread makes it).
     thread_local std::vector<float> estimate;
     estimate.resize(heads * rows);
     const quantized_query prepared = coded ? quantized_query{} : keys.prepare(q);
-    std::vector<float> top(heads, -std::numeric_limits<float>::infinity()), part(heads);  // per head: max estimate
-    index_t at = 0;
-    for (auto c : scanned_of) {
-      const token_range r = member_rows(idx, c);
-      if (coded) codes.scan(q, c, r.begin, r.end, estimate.data() + at, rows, part.data());
-      else keys.scan(prepared, r.begin, r.end, estimate.data() + at, nullptr, rows, scan_kernel::automatic, part.data());
-      for (index_t h = 0; h < heads; ++h) top[h] = std::max(top[h], part[h]);
-      at += r.size();
-    }
+    const index_t pieces = std::max<index_t>(1, std::min(lent_threads(exec), rows / scan_piece_rows));
+    std::vector<index_t> first(pieces + 1, scanned_of.size());  // first scanned cluster of each piece
+    std::vector<index_t> first_row(pieces + 1, rows);
+    for (index_t k = 0, at = 0, p = 0; k < scanned_of.size() && p < pieces; at += member_rows(idx, scanned_of[k++]).size())
+      while (p < pieces && at >= p * rows / pieces) first[p] = k, first_row[p++] = at;
+    std::vector<float> piece_top(pieces * heads, -std::numeric_limits<float>::infinity());  // per piece and head: max
+    float* const into = estimate.data();  // not `estimate` in the body: a worker's thread_local is another vector
+    const auto scan_piece = [&](index_t p) {
+      std::vector<float> part(heads);
+      for (index_t k = first[p], at = first_row[p]; k < first[p + 1]; ++k) {
+        const index_t c = scanned_of[k];
+        const token_range r = member_rows(idx, c);
+        if (coded) codes.scan(q, c, r.begin, r.end, into + at, rows, part.data());
+        else keys.scan(prepared, r.begin, r.end, into + at, nullptr, rows, scan_kernel::automatic, part.data());
+        for (index_t h = 0; h < heads; ++h) piece_top[p * heads + h] = std::max(piece_top[p * heads + h], part[h]);
+        at += r.size();
+      }
+    };
+    if (pieces == 1) scan_piece(0);
+    else parallel_for_on(exec, pieces, scan_piece);
+    std::vector<float> top(heads, -std::numeric_limits<float>::infinity());  // per head: max estimate
+    for (index_t p = 0; p < pieces; ++p)
+      for (index_t h = 0; h < heads; ++h) top[h] = std::max(top[h], piece_top[p * heads + h]);
     st.summary_bytes += rows * (coded ? codes.bytes_per_token() : keys.bytes_per_token()) +
                         scanned_of.size() * (2 * sizeof(std::uint32_t) + (coded ? codes.bytes_per_cluster() : 0));
     scores sub = scorer.rows_of(cand, clusters);
