@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
 # tsan: ThreadSanitizer over the tests that run threads (SIMD executor, thread pool,
-# concurrent decodes of every registered method, conformance with split-K).
+# concurrent decodes of every registered method, conformance with split-K, MoG's split token scan).
 for preset in release debug-asan tsan; do
   echo "== floe: $preset: configure, build, test" >&2
   cmake --preset "$preset" >/dev/null
