@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>

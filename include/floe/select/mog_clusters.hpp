@@ -83,8 +83,9 @@ struct mog_clusters {
   // at d = 128 instead of 80: refine 16 read fewer bytes than the 4-bit refine 8 and lowered
   // p90 at 32K and 128K (docs/log/mog.md, "Cheaper keys for the token scan").
   static constexpr double token_scan_code_refine = 16.0;
-  // Scanned rows per piece when the scan splits over the executor's threads: a piece of
-  // 4096 rows takes 10-20 us, well over a hand-off (docs/methods/mog.md, "Token scan").
+  // Scanned rows per piece when the scan splits over the executor's threads: 4096 rows take
+  // about 20 us cold at d = 128, far more than a hand-off (docs/log/mog.md, "The token scan
+  // over the executor's threads").
   static constexpr index_t scan_piece_rows = 4096;
   mog_clusters with_token_scan(mog_config::scan_code code = mog_config::scan_code::keys_4bit) const {
     mog_clusters s = *this;
