@@ -12,13 +12,15 @@
 // huge pages, as engines allocate them (FLOE_BENCH_HUGE_PAGES=0: 4 KiB pages).
 // mog_phase_cold times the selector, the exact part and the residual of one step apart.
 // FLOE_BENCH_THREADS (default 1): threads of the executor every step runs on (dense splits
-// over N; MoG splits its exact part and its token scan).
+// over N; MoG splits its exact part and its token scan). FLOE_BENCH_STAGE_ROWS=0 / 1 turns
+// simd_options::stage_short_runs off / on (default: the library's).
 // docs/methods/mog.md has the command and the figures.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -80,7 +82,11 @@ const exec::simd& executor() {
     const char* v = std::getenv("FLOE_BENCH_THREADS");
     return v ? std::max<index_t>(1, std::strtol(v, nullptr, 10)) : index_t{1};
   }());
-  static const exec::simd exec(pool);
+  static const exec::simd exec([] {
+    exec::simd_options opt{simd_arch::automatic, pool.hook(), pool.size()};
+    if (const char* v = std::getenv("FLOE_BENCH_STAGE_ROWS")) opt.stage_short_runs = std::strcmp(v, "0") != 0;
+    return opt;
+  }());
   return exec;
 }
 
